@@ -1,0 +1,155 @@
+"""Kafka wiring: topic administration, client settings and the key partitioner.
+
+Everything here talks to the broker; the pure logic (key extraction, the
+dedupe decision) lives elsewhere and imports nothing from this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.partitioner import murmur2
+
+from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.topology import Topology
+
+log = logging.getLogger(__name__)
+
+TOPIC_ALREADY_EXISTS = 36
+
+
+def owner_partition(key: bytes, partitions: int) -> int:
+    """The partition the Java client's default partitioner gives ``key`` (murmur2)."""
+    return int(murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """A topic as the pipeline wants it."""
+
+    name: str
+    partitions: int
+    replication: int = 1
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    """What ``ensure_topics`` did to one topic."""
+
+    name: str
+    action: str  # "created" | "exists" | "updated"
+    partitions: int
+    note: str = ""
+
+
+def topic_specs(topology: Topology, partitions: int | None = None) -> list[TopicSpec]:
+    """Every topic a topology needs, with its configs.
+
+    The changelog has as many partitions as the input topic (partition *p* of
+    one restores partition *p* of the other), is compacted *and* deleted, and
+    keeps records for the largest TTL plus a margin.
+    """
+    count = partitions or topology.topics.partitions
+    replication = topology.topics.replication
+    retention_ms = int(topology.changelog_retention.total_seconds() * 1000)
+    specs = [
+        TopicSpec(topology.topics.input, count, replication),
+        TopicSpec(topology.topics.audit, count, replication),
+        TopicSpec(topology.topics.dlq, count, replication),
+        TopicSpec(
+            topology.topics.changelog,
+            count,
+            replication,
+            {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)},
+        ),
+    ]
+    specs += [TopicSpec(name, count, replication) for name in topology.command_topics()]
+    return specs
+
+
+@asynccontextmanager
+async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An admin client that raises ``BrokerUnavailableError`` when the broker cannot be reached."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+    except (TimeoutError, KafkaConnectionError, OSError) as exc:
+        await admin.close()
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc or 'timed out'}") from None
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def ensure_topics(
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout: float = 10.0
+) -> list[TopicResult]:
+    """Create the topics that are missing and set the configs of those that exist.
+
+    Idempotent: running it twice leaves the same topics with the same configs.
+    A topic with fewer partitions than asked is left alone and reported: raising
+    the partition count moves keys between partitions, which only
+    ``pipeline rescale`` does safely.
+    """
+    async with admin_client(bootstrap, timeout=timeout) as admin:
+        existing = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics()}
+        missing = [s for s in specs if s.name not in existing]
+        results: list[TopicResult] = []
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs) for s in missing],
+                timeout_ms=int(timeout * 1000),
+            )
+            for name, code, *rest in response.topic_errors:
+                if code not in (0, TOPIC_ALREADY_EXISTS):
+                    message = rest[0] if rest else ""
+                    raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
+            results += [TopicResult(s.name, "created", s.partitions) for s in missing]
+        present = [s for s in specs if s.name in existing]
+        to_alter = [s for s in present if s.configs]
+        if to_alter:
+            await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=s.configs) for s in to_alter]
+            )
+        for spec in present:
+            count = existing[spec.name]
+            note = ""
+            if count != spec.partitions:
+                note = f"has {count} partitions, {spec.partitions} asked: use 'pipeline rescale' to change it"
+            action = "updated" if spec.configs else "exists"
+            results.append(TopicResult(spec.name, action, count, note))
+        return results
+
+
+async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The current configs of ``names`` (all keys, defaults included)."""
+    async with admin_client(bootstrap) as admin:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        )
+    configs: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for _code, _message, _type, name, entries in response.resources:
+            configs[name] = {entry[0]: entry[1] for entry in entries}
+    return configs
+
+
+__all__ = [
+    "KafkaError",
+    "TopicResult",
+    "TopicSpec",
+    "admin_client",
+    "describe_topic_configs",
+    "ensure_topics",
+    "owner_partition",
+    "topic_specs",
+]

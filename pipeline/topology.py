@@ -1,0 +1,311 @@
+"""Topologies: the declarative TOML description of sources, routes and topics.
+
+``load(path)`` reads a file into frozen objects and validates all of it at
+once: an invalid file raises one :class:`~pipeline.errors.TopologyError` that
+lists every problem with the file, the key and the reason, so nothing starts
+half-configured.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeline.durations import parse_duration
+from pipeline.errors import TopologyError
+
+DEFAULT_TTL = timedelta(days=7)
+CHANGELOG_MARGIN = timedelta(days=1)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class Expiry(StrEnum):
+    """How a key's time to live is counted."""
+
+    FIXED = "fixed"  # from first sight: later copies do not extend it
+    SLIDING = "sliding"  # from the latest copy
+
+
+class Verify(StrEnum):
+    """Where a source's signatures are checked."""
+
+    INGRESS = "ingress"  # our HTTP ingress verifies before producing
+    WORKER = "worker"  # records come from elsewhere: the worker verifies them
+    NONE = "none"  # trusted producer; nothing is verified (explicit opt-out)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One webhook sender: its provider preset, secrets and dedupe window."""
+
+    name: str
+    provider: str
+    secret_env: tuple[str, ...] = ()
+    ttl: timedelta = DEFAULT_TTL
+    expiry: Expiry = Expiry.FIXED
+    verify: Verify = Verify.INGRESS
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def secrets(self, environ: Mapping[str, str] | None = None) -> list[str]:
+        """The secrets named by ``secret_env`` that are set (rotation: several may be)."""
+        env = os.environ if environ is None else environ
+        return [env[name] for name in self.secret_env if env.get(name)]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Sends matching events to a command topic under a command name (or drops them)."""
+
+    source: str = "*"
+    event: str = "*"
+    topic: str | None = None
+    command: str | None = None
+    drop: bool = False
+
+    def matches(self, source: str, event_type: str | None) -> bool:
+        """Whether an event from ``source`` of ``event_type`` takes this route."""
+        return fnmatch.fnmatchcase(source, self.source) and fnmatch.fnmatchcase(event_type or "", self.event)
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names and sizes."""
+
+    input: str = "webhooks.raw"
+    commands: str = "webhooks.events"
+    audit: str = "webhooks.deliveries"
+    dlq: str = "webhooks.dlq"
+    changelog: str = "webhooks-seen-changelog"
+    partitions: int = 6
+    replication: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A whole, validated topology."""
+
+    app: str
+    topics: Topics
+    sources: Mapping[str, Source]
+    routes: tuple[Route, ...] = ()
+    path: Path | None = None
+
+    @property
+    def max_ttl(self) -> timedelta:
+        """The longest TTL of any source: the changelog must keep keys that long."""
+        return max((s.ttl for s in self.sources.values()), default=DEFAULT_TTL)
+
+    @property
+    def changelog_retention(self) -> timedelta:
+        """``retention.ms`` for the changelog: the largest TTL plus a margin."""
+        return self.max_ttl + CHANGELOG_MARGIN
+
+    def command_topics(self) -> list[str]:
+        """Every topic a command may be written to."""
+        names = {self.topics.commands} | {r.topic for r in self.routes if r.topic}
+        return sorted(names)
+
+    def route(self, source: str, event_type: str | None) -> Route | None:
+        """The first route that matches, or ``None`` for the default command topic."""
+        for route in self.routes:
+            if route.matches(source, event_type):
+                return route
+        return None
+
+
+def load(path: str | os.PathLike[str]) -> Topology:
+    """Read and validate the topology at ``path``."""
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TopologyError([f"{file}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError([f"{file}: cannot read: {exc}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TopologyError([f"{file}: not valid TOML: {exc}"]) from None
+    return parse(data, origin=str(file), path=file)
+
+
+def parse(data: Mapping[str, Any], *, origin: str = "<topology>", path: Path | None = None) -> Topology:
+    """Validate a parsed TOML document; raise one error listing every problem."""
+    problems = _Problems(origin)
+    problems.unknown(data, "", {"app", "topics", "sources", "routes"})
+    app = data.get("app", {})
+    app_name = "webhooks"
+    if isinstance(app, Mapping):
+        problems.unknown(app, "app", {"name"})
+        app_name = problems.name(app.get("name", app_name), "app.name")
+    else:
+        problems.add("app", "must be a table")
+    topics = _parse_topics(data.get("topics", {}), app_name, problems)
+    sources = _parse_sources(data.get("sources", {}), problems)
+    routes = _parse_routes(data.get("routes", []), sources, problems)
+    problems.raise_if_any()
+    return Topology(app=app_name, topics=topics, sources=sources, routes=routes, path=path)
+
+
+class _Problems:
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.items: list[str] = []
+
+    def add(self, key: str, reason: str) -> None:
+        self.items.append(f"{self.origin}: {key or '<top level>'}: {reason}")
+
+    def unknown(self, table: Mapping[str, Any], prefix: str, allowed: set[str]) -> None:
+        for key in sorted(set(table) - allowed):
+            where = f"{prefix}.{key}" if prefix else key
+            self.add(where, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+
+    def name(self, value: object, key: str) -> str:
+        if isinstance(value, str) and _NAME.match(value):
+            return value
+        self.add(key, "must be a lowercase name of letters, digits, '-' or '_'")
+        return "invalid"
+
+    def topic(self, value: object, key: str) -> str:
+        if isinstance(value, str) and _TOPIC.match(value):
+            return value
+        self.add(key, "must be a Kafka topic name (letters, digits, '.', '_', '-')")
+        return "invalid"
+
+    def positive_int(self, value: object, key: str) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        self.add(key, f"must be a positive integer, got {value!r}")
+        return 1
+
+    def duration(self, value: object, key: str) -> timedelta:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.add(key, str(exc))
+            return DEFAULT_TTL
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise TopologyError(self.items)
+
+
+def _parse_topics(raw: object, app: str, problems: _Problems) -> Topics:
+    if not isinstance(raw, Mapping):
+        problems.add("topics", "must be a table")
+        return Topics()
+    defaults = Topics(changelog=f"{app}-seen-changelog")
+    problems.unknown(raw, "topics", set(Topics.__slots__))
+    names = {
+        key: problems.topic(raw.get(key, getattr(defaults, key)), f"topics.{key}")
+        for key in ("input", "commands", "audit", "dlq", "changelog")
+    }
+    if len(set(names.values())) < len(names):
+        problems.add("topics", "input, commands, audit, dlq and changelog must be distinct topics")
+    return Topics(
+        **names,
+        partitions=problems.positive_int(raw.get("partitions", defaults.partitions), "topics.partitions"),
+        replication=problems.positive_int(raw.get("replication", defaults.replication), "topics.replication"),
+    )
+
+
+def _parse_sources(raw: object, problems: _Problems) -> dict[str, Source]:
+    from pipeline import providers  # noqa: PLC0415  (keeps topology importable without presets)
+
+    if not isinstance(raw, Mapping) or not raw:
+        problems.add("sources", "must be a table with at least one source")
+        return {}
+    sources: dict[str, Source] = {}
+    allowed = {"provider", "secrets", "ttl", "expiry", "verify", "options"}
+    for name, table in raw.items():
+        key = f"sources.{name}"
+        problems.name(name, key)
+        if not isinstance(table, Mapping):
+            problems.add(key, "must be a table")
+            continue
+        problems.unknown(table, key, allowed)
+        provider = table.get("provider", name)
+        if provider not in providers.names():
+            problems.add(
+                f"{key}.provider",
+                f"unknown provider {provider!r} (known: {', '.join(providers.names())})",
+            )
+        secret_env = table.get("secrets", [])
+        if isinstance(secret_env, str):
+            secret_env = [secret_env]
+        if not (isinstance(secret_env, list) and all(isinstance(s, str) and s for s in secret_env)):
+            problems.add(f"{key}.secrets", "must be a list of environment variable names")
+            secret_env = []
+        ttl = problems.duration(table.get("ttl", "7d"), f"{key}.ttl")
+        expiry = _enum(Expiry, table.get("expiry", "fixed"), f"{key}.expiry", problems)
+        verify = _enum(Verify, table.get("verify", "ingress"), f"{key}.verify", problems)
+        if verify is not Verify.NONE and provider in providers.names() and not secret_env:
+            problems.add(
+                f"{key}.secrets",
+                f"verify = {verify.value!r} needs at least one secret variable (or verify = 'none')",
+            )
+        options = table.get("options", {})
+        if not isinstance(options, Mapping):
+            problems.add(f"{key}.options", "must be a table")
+            options = {}
+        sources[name] = Source(
+            name=name,
+            provider=str(provider),
+            secret_env=tuple(secret_env),
+            ttl=ttl,
+            expiry=expiry,
+            verify=verify,
+            options=dict(options),
+        )
+    return sources
+
+
+def _parse_routes(raw: object, sources: Mapping[str, Source], problems: _Problems) -> tuple[Route, ...]:
+    if not isinstance(raw, list):
+        problems.add("routes", "must be an array of tables ([[routes]])")
+        return ()
+    routes = []
+    for index, table in enumerate(raw):
+        key = f"routes[{index}]"
+        if not isinstance(table, Mapping):
+            problems.add(key, "must be a table")
+            continue
+        problems.unknown(table, key, {"source", "event", "topic", "command", "drop"})
+        source = table.get("source", "*")
+        if not isinstance(source, str) or not any(fnmatch.fnmatchcase(s, source) for s in sources):
+            problems.add(f"{key}.source", f"{source!r} matches no source")
+        event = table.get("event", "*")
+        if not isinstance(event, str):
+            problems.add(f"{key}.event", "must be a string pattern such as 'invoice.*'")
+            event = "*"
+        drop = table.get("drop", False)
+        if not isinstance(drop, bool):
+            problems.add(f"{key}.drop", "must be true or false")
+            drop = False
+        topic = table.get("topic")
+        if topic is not None:
+            topic = problems.topic(topic, f"{key}.topic")
+        command = table.get("command")
+        if command is not None and not (isinstance(command, str) and command):
+            problems.add(f"{key}.command", "must be a non-empty string")
+            command = None
+        if drop and (topic or command):
+            problems.add(key, "a route with drop = true takes no topic or command")
+        routes.append(Route(source=str(source), event=event, topic=topic, command=command, drop=drop))
+    return tuple(routes)
+
+
+def _enum(kind: type[_E], value: object, key: str, problems: _Problems) -> _E:
+    try:
+        return kind(str(value))
+    except ValueError:
+        problems.add(key, f"must be one of: {', '.join(m.value for m in kind)}")
+        return next(iter(kind))
