@@ -10,8 +10,10 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
@@ -20,6 +22,12 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TOPOLOGY = "topologies/default.toml"
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+class _Service(Protocol):
+    async def start(self) -> None: ...
+    async def run(self) -> None: ...
+    def stop(self) -> None: ...
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -51,6 +59,37 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.config import WorkerSettings  # noqa: PLC0415
+    from pipeline.worker import Worker  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    settings = WorkerSettings(
+        bootstrap=args.bootstrap,
+        topology=Path(args.topology),
+        state_dir=Path(args.state_dir),
+        group=args.group,
+        metrics_port=args.metrics_port,
+        commit_interval=args.commit_interval_ms / 1000,
+        max_batch=args.max_batch,
+        session_timeout_ms=args.session_timeout_ms,
+    )
+    return asyncio.run(_run_service(Worker(settings, topo)))
+
+
+async def _run_service(service: _Service) -> int:
+    """Start ``service``, run it until SIGTERM or SIGINT, and stop it cleanly."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, service.stop)
+    await service.start()
+    await service.run()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -70,6 +109,35 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
     create.set_defaults(handler=_cmd_topics)
 
+    worker = commands.add_parser("worker", help="run a dedupe worker (joins the consumer group)")
+    _common(worker)
+    worker.add_argument(
+        "--state-dir",
+        default=_env("PIPELINE_STATE_DIR", ".state/worker"),
+        help="where the RocksDB stores live (env PIPELINE_STATE_DIR, default %(default)s)",
+    )
+    worker.add_argument(
+        "--group",
+        default=_env("PIPELINE_GROUP", "webhook-dedupe"),
+        help="consumer group (env PIPELINE_GROUP)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("PIPELINE_METRICS_PORT", "0") or 0) or None,
+        help="serve Prometheus metrics on this port (env PIPELINE_METRICS_PORT)",
+    )
+    worker.add_argument(
+        "--commit-interval-ms", type=int, default=100, help="longest a transaction stays open"
+    )
+    worker.add_argument("--max-batch", type=int, default=2000, help="most input records per transaction")
+    worker.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=int(_env("PIPELINE_SESSION_TIMEOUT_MS", "10000") or 10000),
+        help="how long a silent worker keeps its partitions (env PIPELINE_SESSION_TIMEOUT_MS)",
+    )
+    worker.set_defaults(handler=_cmd_worker)
     return parser
 
 

@@ -10,31 +10,13 @@ from pathlib import Path
 import pytest
 
 from pipeline import kafka, topology
+from tests.integration.harness import write_topology
 
 pytestmark = pytest.mark.broker
 
 
 def _write_topology(tmp_path: Path, unique: Callable[[str], str], ttl: str = "3d") -> Path:
-    app = unique("app")
-    path = tmp_path / "topology.toml"
-    path.write_text(
-        f"""
-[app]
-name = "{app}"
-[topics]
-input = "{app}.raw"
-commands = "{app}.events"
-audit = "{app}.deliveries"
-dlq = "{app}.dlq"
-partitions = 2
-[sources.stripe]
-provider = "stripe"
-secrets = ["STRIPE_WEBHOOK_SECRET"]
-ttl = "{ttl}"
-""",
-        encoding="utf-8",
-    )
-    return path
+    return write_topology(tmp_path / "topology.toml", unique("app"), partitions=2, ttl=ttl)
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:

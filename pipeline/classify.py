@@ -1,0 +1,131 @@
+"""Classify an input record before the dedupe decision: pure logic, no Kafka.
+
+A record becomes one of:
+
+- :class:`Invalid`: it cannot be processed (no source, unknown source, no key,
+  unreadable body, failed signature); it goes to the DLQ with the reason and
+  is never recorded as seen;
+- :class:`Reroute`: its key hashes to another partition (or it had no key and
+  its derived key does); it is moved to the owning partition, inside the
+  transaction, and deduped only there;
+- :class:`Accepted`: it is on its owning partition with a scoped key, parsed
+  and verified; the dedupe decision comes next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import providers
+from pipeline.codec import IDEMPOTENCY_KEY_HEADER, Delivery, parse_json_object
+from pipeline.errors import BodyError, InvalidRecordError, MissingKeyError, UnknownSourceError
+from pipeline.providers.base import Provider
+from pipeline.topology import Source, Topology, Verify
+
+Partitioner = Callable[[bytes, int], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A record for the DLQ."""
+
+    reason: str
+    error: str
+    key: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reroute:
+    """A record that belongs to another partition."""
+
+    key: str
+    partition: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A record ready for the dedupe decision."""
+
+    key: str
+    key_bytes: bytes
+    source: Source
+    event_type: str | None
+    event: Mapping[str, Any]
+
+
+Classified = Invalid | Reroute | Accepted
+
+
+class Classifier:
+    """Classifies records of one topology; holds the provider presets and secrets."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        partitioner: Partitioner,
+        *,
+        input_partitions: int,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.topology = topology
+        self.partitioner = partitioner
+        self.input_partitions = input_partitions
+        self._providers: dict[str, Provider] = {
+            name: providers.get(source.provider, **source.options)
+            for name, source in topology.sources.items()
+        }
+        self._secrets = {name: source.secrets(environ) for name, source in topology.sources.items()}
+
+    def provider(self, source: str) -> Provider:
+        """The preset serving ``source``."""
+        return self._providers[source]
+
+    def classify(self, delivery: Delivery) -> Classified:
+        """Decide what kind of record ``delivery`` is (see the module docstring)."""
+        try:
+            return self._classify(delivery)
+        except InvalidRecordError as exc:
+            key = delivery.key.decode("utf-8", "replace") if delivery.key else None
+            return Invalid(reason=exc.reason, error=str(exc), key=key, source=delivery.source)
+
+    def _classify(self, delivery: Delivery) -> Classified:
+        source_name = delivery.source
+        if source_name is None:
+            raise UnknownSourceError("the 'source' header is missing")
+        source = self.topology.sources.get(source_name)
+        if source is None:
+            raise UnknownSourceError(f"source {source_name!r} is not in the topology")
+        provider = self._providers[source_name]
+        http = delivery.http_headers()
+        key = self._key(delivery, source_name, provider, http)
+        key_bytes = key.encode()
+        owner = self.partitioner(key_bytes, self.input_partitions)
+        if owner != delivery.partition:
+            return Reroute(key=key, partition=owner, source=source_name)
+        if source.verify is Verify.WORKER:
+            provider.verify(http, delivery.value, self._secrets[source_name], now=delivery.received_at / 1000)
+        event = parse_json_object(delivery.value)
+        if event is None:
+            raise BodyError("the body is not a JSON object")
+        return Accepted(
+            key=key,
+            key_bytes=key_bytes,
+            source=source,
+            event_type=provider.event_type(http, delivery.value),
+            event=event,
+        )
+
+    @staticmethod
+    def _key(delivery: Delivery, source: str, provider: Provider, http: Mapping[str, str]) -> str:
+        raw = delivery.key.decode("utf-8", "replace").strip() if delivery.key else ""
+        if not raw:
+            raw = delivery.headers.get(IDEMPOTENCY_KEY_HEADER, "").strip()
+        if not raw:
+            raw = provider.idempotency_key(http, delivery.value).strip()
+        if not raw or raw == f"{source}:":
+            raise MissingKeyError("the record has no key, no idempotency-key header and no provider event id")
+        return raw if raw.startswith(f"{source}:") else f"{source}:{raw}"

@@ -1,0 +1,88 @@
+"""Prometheus metrics of the worker and the ingress (names follow Prometheus conventions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """The worker's metrics, in their own registry (tests run several workers in one process)."""
+
+    registry: CollectorRegistry
+    events: Counter
+    commands: Counter
+    dlq: Counter
+    commit_seconds: Histogram
+    batch_records: Histogram
+    store_keys: Gauge
+    store_bytes: Gauge
+    keys_expired: Counter
+    restore_records: Counter
+    partitions: Gauge
+
+    @classmethod
+    def create(cls) -> WorkerMetrics:
+        """Fresh metrics in a fresh registry."""
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            events=Counter(
+                "pipeline_events_total",
+                "Input records by source and outcome",
+                ["source", "outcome"],
+                registry=registry,
+            ),
+            commands=Counter(
+                "pipeline_commands_total", "Commands emitted by topic", ["topic"], registry=registry
+            ),
+            dlq=Counter(
+                "pipeline_dlq_records_total",
+                "Records sent to the DLQ by reason",
+                ["reason"],
+                registry=registry,
+            ),
+            commit_seconds=Histogram(
+                "pipeline_transaction_commit_seconds",
+                "Time to commit one partition's transaction",
+                buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+                registry=registry,
+            ),
+            batch_records=Histogram(
+                "pipeline_batch_records",
+                "Input records per committed transaction",
+                buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000),
+                registry=registry,
+            ),
+            store_keys=Gauge(
+                "pipeline_store_keys",
+                "Keys in the seen-set per partition",
+                ["partition"],
+                registry=registry,
+            ),
+            store_bytes=Gauge(
+                "pipeline_store_disk_bytes",
+                "Bytes on disk of the seen-set per partition",
+                ["partition"],
+                registry=registry,
+            ),
+            keys_expired=Counter(
+                "pipeline_store_keys_expired_total", "Keys dropped by expiry", registry=registry
+            ),
+            restore_records=Counter(
+                "pipeline_restore_records_total",
+                "Changelog records replayed by restores",
+                registry=registry,
+            ),
+            partitions=Gauge(
+                "pipeline_assigned_partitions",
+                "Input partitions this worker owns",
+                registry=registry,
+            ),
+        )
+
+    def serve(self, port: int) -> None:
+        """Expose ``/metrics`` on ``port``."""
+        start_http_server(port, registry=self.registry)

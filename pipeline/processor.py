@@ -1,0 +1,230 @@
+"""Handle one input partition's records: classify, decide, emit, inside its transaction."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from pipeline.checkpoint import PartitionCheckpoint
+from pipeline.classify import Accepted, Classifier, Invalid, Reroute
+from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
+from pipeline.dedupe import Outcome, decide
+from pipeline.topology import Expiry, Topology
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMMAND = "handle"
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTopics:
+    """Where records go, and each topic's partition count."""
+
+    partitions: Mapping[str, int]
+    partitioner: Callable[[bytes, int], int]
+
+    def partition_for(self, topic: str, key: bytes) -> int:
+        """The partition the default (murmur2) partitioner gives ``key`` on ``topic``."""
+        return self.partitioner(key, self.partitions[topic])
+
+
+class PartitionProcessor:
+    """Turns records of one input partition into commands, audit, changelog and DLQ records."""
+
+    def __init__(
+        self,
+        *,
+        tp: TopicPartition,
+        topology: Topology,
+        classifier: Classifier,
+        checkpoint: PartitionCheckpoint,
+        outputs: OutputTopics,
+        on_outcome: Callable[[str | None, str], None] | None = None,
+    ) -> None:
+        self.tp = tp
+        self.topology = topology
+        self.classifier = classifier
+        self.checkpoint = checkpoint
+        self.outputs = outputs
+        self.on_outcome = on_outcome or (lambda _source, _outcome: None)
+
+    async def handle(self, records: Sequence[Any]) -> None:
+        """Process consumer records of this partition into the open transaction."""
+        ckpt = self.checkpoint
+        await ckpt.begin()
+        deliveries = [
+            Delivery.from_record(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers or ())
+            for r in records
+        ]
+        classified = [self.classifier.classify(d) for d in deliveries]
+        keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
+        known = ckpt.lookup(list(dict.fromkeys(keys)))
+        for delivery, result in zip(deliveries, classified, strict=True):
+            if isinstance(result, Accepted):
+                await self._accepted(delivery, result, known)
+            elif isinstance(result, Reroute):
+                await self._reroute(delivery, result)
+            else:
+                await self._invalid(delivery, result)
+            ckpt.consumed(delivery.offset, delivery.timestamp)
+
+    async def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
+        ckpt = self.checkpoint
+        source = item.source
+        route = self.topology.route(source.name, item.event_type)
+        topic = (
+            None
+            if route is not None and route.drop
+            else (route.topic if route and route.topic else self.topology.topics.commands)
+        )
+        command = None if topic is None else (route.command if route and route.command else DEFAULT_COMMAND)
+        existing = ckpt.staged(item.key_bytes) or known.get(item.key_bytes)
+        decision = decide(
+            existing,
+            timestamp=delivery.timestamp,
+            ttl_ms=int(source.ttl.total_seconds() * 1000),
+            sliding=source.expiry is Expiry.SLIDING,
+            partition=delivery.partition,
+            offset=delivery.offset,
+            command=command,
+            topic=topic,
+        )
+        entry = decision.entry
+        ckpt.stage(item.key_bytes, entry, decision.previous)
+        received_at = delivery.received_at
+        if decision.outcome is Outcome.FIRST and topic is not None and command is not None:
+            value = command_value(
+                command=command,
+                key=item.key,
+                effect_key=item.key,
+                source=source.name,
+                event_type=item.event_type,
+                received_at=received_at,
+                body=delivery.value,
+            )
+            await ckpt.emit(
+                topic,
+                self.outputs.partition_for(topic, item.key_bytes),
+                key=item.key_bytes,
+                value=value,
+                timestamp=delivery.timestamp,
+            )
+        if decision.changelog:
+            await ckpt.emit(
+                ckpt.changelog.topic,
+                ckpt.changelog.partition,
+                key=item.key_bytes,
+                value=entry.encode(),
+                timestamp=delivery.timestamp,
+            )
+        extra: dict[str, Any] = {}
+        if decision.outcome is Outcome.FIRST and decision.previous is not None:
+            extra["previous_expired_at"] = decision.previous.expires_at
+        if topic is None:
+            extra["dropped_by_route"] = True
+        await self._audit(
+            delivery,
+            key=item.key,
+            outcome=decision.outcome,
+            first_seen_at=entry.first_seen,
+            source=source.name,
+            event_type=item.event_type,
+            expires_at=entry.expires_at,
+            extra=extra,
+        )
+        log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, decision.outcome)
+        self.on_outcome(source.name, decision.outcome.value)
+
+    async def _reroute(self, delivery: Delivery, item: Reroute) -> None:
+        headers = [(n, v) for n, v in delivery.raw_headers if n.lower() != REROUTED_FROM_HEADER]
+        headers.append((REROUTED_FROM_HEADER, f"{delivery.partition}:{delivery.offset}".encode()))
+        await self.checkpoint.emit(
+            self.tp.topic,
+            item.partition,
+            key=item.key.encode(),
+            value=delivery.value,
+            timestamp=delivery.timestamp,
+            headers=headers,
+        )
+        await self._audit(
+            delivery,
+            key=item.key,
+            outcome=Outcome.REROUTED,
+            first_seen_at=None,
+            source=item.source,
+            extra={"to_partition": item.partition},
+        )
+        log.info(
+            "%s key=%s offset=%s rerouted to partition %s",
+            self.tp,
+            item.key,
+            delivery.offset,
+            item.partition,
+        )
+        self.on_outcome(item.source, Outcome.REROUTED.value)
+
+    async def _invalid(self, delivery: Delivery, item: Invalid) -> None:
+        dlq = self.topology.topics.dlq
+        await self.checkpoint.emit(
+            dlq,
+            delivery.partition % self.outputs.partitions[dlq],
+            key=delivery.key,
+            value=dlq_value(delivery, error=item.error, reason=item.reason),
+            timestamp=delivery.timestamp,
+        )
+        await self._audit(
+            delivery,
+            key=item.key,
+            outcome=Outcome.INVALID,
+            first_seen_at=None,
+            source=item.source,
+            reason=item.reason,
+        )
+        log.warning(
+            "%s key=%s offset=%s to the DLQ: %s (%s)",
+            self.tp,
+            item.key,
+            delivery.offset,
+            item.error,
+            item.reason,
+        )
+        self.on_outcome(item.source, Outcome.INVALID.value)
+
+    async def _audit(
+        self,
+        delivery: Delivery,
+        *,
+        key: str | None,
+        outcome: Outcome,
+        first_seen_at: int | None,
+        source: str | None,
+        event_type: str | None = None,
+        expires_at: int | None = None,
+        reason: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        audit = self.topology.topics.audit
+        key_bytes = key.encode() if key is not None else None
+        partition = (
+            self.outputs.partition_for(audit, key_bytes)
+            if key_bytes is not None
+            else delivery.partition % self.outputs.partitions[audit]
+        )
+        value = audit_value(
+            key=key,
+            outcome=outcome.value,
+            partition=delivery.partition,
+            offset=delivery.offset,
+            received_at=delivery.received_at,
+            first_seen_at=first_seen_at,
+            source=source,
+            event_type=event_type,
+            expires_at=expires_at,
+            reason=reason,
+            extra=extra,
+        )
+        await self.checkpoint.emit(audit, partition, key=key_bytes, value=value, timestamp=delivery.timestamp)

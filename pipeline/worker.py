@@ -1,0 +1,347 @@
+"""The dedupe worker: one consumer per process, one transactional producer and store per partition.
+
+Partitions come and go with the consumer group. On assignment a partition
+gets its store (wiped and rebuilt when unreadable), a producer whose
+``transactional_id`` is derived from the partition (starting it fences any
+older owner), a restore from the changelog, and a seek to the group's
+committed offset. On revocation its open transaction is committed (or
+aborted) before the callback returns, and its producer and store are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline.checkpoint import PartitionCheckpoint, TransactionFailedError
+from pipeline.classify import Classifier
+from pipeline.config import WorkerSettings
+from pipeline.errors import PartitionFencedError, PipelineError, StoreCorruptError, StoreError
+from pipeline.kafka import owner_partition
+from pipeline.metrics import WorkerMetrics
+from pipeline.processor import OutputTopics, PartitionProcessor
+from pipeline.restore import restore
+from pipeline.store import PartitionStore, bucket_width
+from pipeline.topology import Topology
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+STORE_LOCK_WAIT = 30.0
+MAX_BATCH_BYTES = 512 * 1024
+
+
+@dataclass
+class _Partition:
+    tp: TopicPartition
+    store: PartitionStore
+    producer: AIOKafkaProducer
+    checkpoint: PartitionCheckpoint
+    processor: PartitionProcessor
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.worker.partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.worker.partitions_assigned(assigned)
+
+
+class Worker:
+    """Runs the dedupe loop until :meth:`stop` (or SIGTERM through the CLI)."""
+
+    def __init__(
+        self, settings: WorkerSettings, topology: Topology, *, metrics: WorkerMetrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.topology = topology
+        self.metrics = metrics or WorkerMetrics.create()
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._stopping = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._outputs: OutputTopics | None = None
+        self._classifier: Classifier | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        """Join the group and learn the output topics' partition counts."""
+        topics = self.topology.topics
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap,
+            group_id=self.settings.group,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_poll_records=self.settings.max_batch,
+            fetch_max_bytes=16 * 1024 * 1024,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=max(self.settings.session_timeout_ms // 5, 300),
+            client_id=f"pipeline-worker-{self.settings.group}",
+        )
+        await consumer.start()
+        self._consumer = consumer
+        names = [
+            topics.input,
+            topics.audit,
+            topics.dlq,
+            topics.changelog,
+            *self.topology.command_topics(),
+        ]
+        counts = {}
+        for name in names:
+            parts = consumer.partitions_for_topic(name) or await self._partitions_of(consumer, name)
+            counts[name] = len(parts)
+        if counts[topics.changelog] != counts[topics.input]:
+            await consumer.stop()
+            raise StoreError(
+                f"changelog {topics.changelog} has {counts[topics.changelog]} partitions but input "
+                f"{topics.input} has {counts[topics.input]}: they must match"
+            )
+        self._outputs = OutputTopics(counts, owner_partition)
+        self._classifier = Classifier(self.topology, owner_partition, input_partitions=counts[topics.input])
+        consumer.subscribe([topics.input], listener=_Rebalance(self))
+        if self.settings.metrics_port is not None:
+            self.metrics.serve(self.settings.metrics_port)
+        log.info(
+            "worker started: group %s, input %s (%s partitions)",
+            self.settings.group,
+            topics.input,
+            counts[topics.input],
+        )
+
+    @staticmethod
+    async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+        for _ in range(50):
+            await consumer._client.force_metadata_update()  # aiokafka has no public metadata refresh
+            parts = consumer.partitions_for_topic(topic)
+            if parts:
+                return set(parts)
+            await asyncio.sleep(0.1)
+        raise StoreError(f"topic {topic} does not exist: run 'pipeline topics create' first")
+
+    def stop(self) -> None:
+        """Ask the loop to finish its transactions and exit."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume, decide and commit until stopped; then commit what is open and leave the group."""
+        consumer = self._require(self._consumer)
+        try:
+            while not self._stopping.is_set():
+                batches = await consumer.getmany(
+                    timeout_ms=int(self.settings.commit_interval * 500),
+                    max_records=self.settings.max_batch,
+                )
+                for tp, records in batches.items():
+                    await self._handle(tp, records)
+                await self._commit_due(force=False)
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        await self._close_partitions(set(self._partitions), commit=True)
+        await consumer.stop()
+        self._consumer = None
+        log.info("worker stopped")
+
+    # -- the loop ----------------------------------------------------------------
+    async def _handle(self, tp: TopicPartition, records: list[object]) -> None:
+        part = self._partitions.get(tp)
+        if part is None:
+            return  # revoked while the fetch was in flight: the new owner reprocesses these
+        async with part.lock:
+            if part.closed:
+                return
+            first = getattr(records[0], "offset", 0)
+            expected = part.checkpoint.next_offset
+            if expected is not None and first < expected:
+                # Never handle a record twice in one transaction: this would mean a stale fetch.
+                log.error("%s: fetched offset %s behind the transaction's %s; skipping", tp, first, expected)
+                records = [r for r in records if getattr(r, "offset", 0) >= expected]
+                if not records:
+                    return
+            try:
+                await part.processor.handle(records)
+            except PartitionFencedError:
+                await self._drop_fenced(part)
+            except (KafkaError, TransactionFailedError) as exc:
+                start = part.checkpoint.first_offset if part.checkpoint.first_offset is not None else first
+                log.warning("%s: batch failed (%r); aborting and redoing from offset %s", tp, exc, start)
+                await part.checkpoint.abort()
+                self._require(self._consumer).seek(tp, min(start, first))
+
+    async def _commit_due(self, *, force: bool) -> None:
+        interval, size = self.settings.commit_interval, self.settings.max_batch
+        due = [
+            p
+            for p in self._partitions.values()
+            if force or p.checkpoint.due(interval=interval, max_records=size)
+        ]
+        if due:
+            await asyncio.gather(*(self._commit(p) for p in due))
+
+    async def _commit(self, part: _Partition) -> None:
+        async with part.lock:
+            if part.closed or not part.checkpoint.in_transaction:
+                return
+            start = part.checkpoint.first_offset
+            began = time.perf_counter()
+            try:
+                records = await part.checkpoint.commit()
+            except PartitionFencedError:
+                await self._drop_fenced(part)
+                return
+            except TransactionFailedError as exc:
+                log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
+                if start is not None:
+                    self._require(self._consumer).seek(part.tp, start)
+                return
+            self.metrics.commit_seconds.observe(time.perf_counter() - began)
+            self.metrics.batch_records.observe(records)
+            expired = part.store.expire()
+            if expired:
+                self.metrics.keys_expired.inc(expired)
+
+    async def _drop_fenced(self, part: _Partition) -> None:
+        log.warning("%s: fenced by a newer owner; dropping the partition", part.tp)
+        consumer = self._require(self._consumer)
+        if part.tp in consumer.assignment():
+            consumer.pause(part.tp)
+        await self._close(part, commit=False)
+
+    # -- rebalances ----------------------------------------------------------------
+    async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit (or abort) each revoked partition's transaction, then close its producer and store."""
+        if revoked:
+            log.info("partitions revoked: %s", sorted(tp.partition for tp in revoked))
+        await self._close_partitions(revoked, commit=True)
+
+    async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Open, fence, restore and position each newly assigned partition.
+
+        The partitions stay paused until they are ready: the consumer may
+        fetch while this callback runs, and a record handled before the seek
+        to the committed offset would be handled at the wrong position.
+        """
+        consumer = self._require(self._consumer)
+        fresh = sorted((tp for tp in assigned if tp not in self._partitions), key=lambda t: t.partition)
+        if not fresh:
+            return
+        log.info("partitions assigned: %s", [tp.partition for tp in fresh])
+        consumer.pause(*fresh)
+        for tp in fresh:
+            part = await self._open(tp)
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+            self._partitions[tp] = part
+            consumer.resume(tp)
+            log.info("%s: ready at committed offset %s", tp, committed)
+        self.metrics.partitions.set(len(self._partitions))
+
+    async def _close_partitions(self, tps: set[TopicPartition], *, commit: bool) -> None:
+        for tp in list(tps):
+            part = self._partitions.get(tp)
+            if part is not None:
+                await self._close(part, commit=commit)
+
+    async def _close(self, part: _Partition, *, commit: bool) -> None:
+        async with part.lock:
+            if part.closed:
+                return
+            part.closed = True
+            self._partitions.pop(part.tp, None)
+            if commit:
+                try:
+                    await part.checkpoint.commit()
+                except (PartitionFencedError, TransactionFailedError) as exc:
+                    log.warning("%s: could not commit on close: %s", part.tp, exc)
+            else:
+                await part.checkpoint.abort()
+            await part.producer.stop()
+            part.store.close()
+            self.metrics.partitions.set(len(self._partitions))
+            log.info("%s: closed", part.tp)
+
+    async def _open(self, tp: TopicPartition) -> _Partition:
+        topics = self.topology.topics
+        path = Path(self.settings.state_dir) / f"{tp.topic}-{tp.partition}"
+        store = await self._open_store(path)
+        txn_id = f"{self.topology.app}-{self.settings.group}-{tp.topic}-{tp.partition}"
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap,
+            transactional_id=txn_id,
+            acks="all",
+            enable_idempotence=True,
+            max_batch_size=MAX_BATCH_BYTES,
+            linger_ms=5,
+            client_id=txn_id,
+        )
+        try:
+            await producer.start()  # InitProducerId: fences the previous owner, aborts its open transaction
+            changelog = TopicPartition(topics.changelog, tp.partition)
+            applied = await restore(
+                store,
+                changelog,
+                bootstrap=self.settings.bootstrap,
+                progress_every=self.settings.restore_progress_every,
+            )
+        except BaseException:
+            await producer.stop()
+            store.close()
+            raise
+        self.metrics.restore_records.inc(applied)
+        checkpoint = PartitionCheckpoint(
+            tp=tp, group=self.settings.group, producer=producer, store=store, changelog=changelog
+        )
+        processor = PartitionProcessor(
+            tp=tp,
+            topology=self.topology,
+            classifier=self._require(self._classifier),
+            checkpoint=checkpoint,
+            outputs=self._require(self._outputs),
+            on_outcome=self._count,
+        )
+        return _Partition(tp, store, producer, checkpoint, processor)
+
+    async def _open_store(self, path: Path) -> PartitionStore:
+        width = bucket_width(int(self.topology.max_ttl.total_seconds() * 1000))
+        deadline = time.monotonic() + STORE_LOCK_WAIT
+        while True:
+            try:
+                return PartitionStore.open(path, bucket_ms=width)
+            except StoreCorruptError as exc:
+                log.warning("%s; wiping it and restoring from the changelog", exc)
+                PartitionStore.wipe(path)
+            except StoreError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    def _count(self, source: str | None, outcome: str) -> None:
+        self.metrics.events.labels(source or "unknown", outcome).inc()
+
+    @staticmethod
+    def _require(value: _T | None) -> _T:
+        if value is None:
+            raise PipelineError("the worker is not started")
+        return value

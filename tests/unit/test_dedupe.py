@@ -1,0 +1,77 @@
+"""The dedupe decision: first sight claims a key, copies inside the TTL are duplicates."""
+
+from __future__ import annotations
+
+from pipeline.dedupe import Entry, Outcome, decide
+
+TTL = 1_000
+
+
+def _decide(existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0):
+    return decide(
+        existing,
+        timestamp=ts,
+        ttl_ms=TTL,
+        sliding=sliding,
+        partition=0,
+        offset=offset,
+        command="c",
+        topic="t",
+    )
+
+
+def test_first_sight_claims_the_key_until_timestamp_plus_ttl() -> None:
+    """An unseen key is FIRST, expires TTL after its record timestamp, and goes to the changelog."""
+    decision = _decide(None, 100, offset=7)
+    assert decision.outcome is Outcome.FIRST
+    assert decision.entry.expires_at == 1_100
+    assert decision.entry.offset == 7
+    assert decision.changelog
+
+
+def test_a_copy_inside_the_ttl_is_a_duplicate_and_counted() -> None:
+    """A copy before expiry is DUPLICATE; the count and last-seen time move, fixed expiry does not."""
+    first = _decide(None, 100).entry
+    decision = _decide(first, 900)
+    assert decision.outcome is Outcome.DUPLICATE
+    assert decision.entry.duplicates == 1
+    assert decision.entry.last_seen == 900
+    assert decision.entry.expires_at == 1_100
+    assert not decision.changelog
+
+
+def test_a_copy_at_or_after_expiry_is_processed_again() -> None:
+    """At expires_at the key is forgotten: the copy is FIRST again and remembers the expired state."""
+    first = _decide(None, 100).entry
+    decision = _decide(first, 1_100)
+    assert decision.outcome is Outcome.FIRST
+    assert decision.previous == first
+    assert decision.entry.expires_at == 2_100
+
+
+def test_sliding_expiry_extends_from_the_latest_copy() -> None:
+    """With sliding expiry a duplicate moves expires_at and must reach the changelog."""
+    first = _decide(None, 100, sliding=True).entry
+    decision = _decide(first, 900, sliding=True)
+    assert decision.outcome is Outcome.DUPLICATE
+    assert decision.entry.expires_at == 1_900
+    assert decision.changelog
+
+
+def test_an_out_of_order_copy_never_shortens_sliding_expiry() -> None:
+    """A late record with an older timestamp leaves a sliding expiry where it was."""
+    entry = Entry(first_seen=100, expires_at=1_900, partition=0, offset=0)
+    decision = _decide(entry, 200, sliding=True)
+    assert decision.entry.expires_at == 1_900
+    assert not decision.changelog
+
+
+def test_entries_round_trip_through_their_encoding() -> None:
+    """What is stored and sent to the changelog decodes to the same entry."""
+    entry = Entry(1, 2, 3, 4, duplicates=5, last_seen=6, command="fulfil", topic="orders")
+    assert Entry.decode(entry.encode()) == entry
+
+
+def test_decisions_are_deterministic() -> None:
+    """The same inputs always give the same decision (replays agree)."""
+    assert _decide(None, 5) == _decide(None, 5)
