@@ -90,6 +90,73 @@ async def _run_service(service: _Service) -> int:
     return 0
 
 
+def _cmd_ingress(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ingress import Ingress, IngressSettings  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    settings = IngressSettings(
+        bootstrap=args.bootstrap,
+        topology=Path(args.topology),
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        produce_timeout=args.produce_timeout,
+        trust_forwarded=args.trust_forwarded,
+    )
+    return asyncio.run(_run_service(Ingress(settings, topo)))
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline.up import Up, UpSettings  # noqa: PLC0415
+
+    settings = UpSettings(
+        topology=Path(args.topology),
+        state_dir=Path(args.state_dir),
+        bootstrap=args.bootstrap,
+        kafka_port=args.kafka_port,
+        ingress_port=args.ingress_port,
+        metrics_port=args.metrics_port,
+    )
+    return asyncio.run(_run_service(Up(settings)))
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from pipeline.tools import tail  # noqa: PLC0415
+
+    asyncio.run(
+        tail(
+            args.bootstrap,
+            args.topic,
+            from_beginning=not args.latest,
+            follow=args.follow,
+            out=sys.stdout.buffer,
+        )
+    )
+    return 0
+
+
+def _cmd_produce(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.tools import print_progress, produce_file  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    path = Path(args.file)
+    if not path.is_file():
+        raise PipelineError(f"{path}: no such file")
+    produced, problems = asyncio.run(produce_file(args.bootstrap, topo, path, progress=print_progress))
+    for problem in problems:
+        print(f"pipeline: skipped {problem}", file=sys.stderr)
+    print(f"produced {produced} webhooks to {topo.topics.input}; skipped {len(problems)}")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -138,6 +205,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a silent worker keeps its partitions (env PIPELINE_SESSION_TIMEOUT_MS)",
     )
     worker.set_defaults(handler=_cmd_worker)
+
+    up = commands.add_parser(
+        "up", help="run everything on this machine (starts a local Kafka unless --bootstrap)"
+    )
+    up.add_argument("--bootstrap", default=_env("KAFKA_BOOTSTRAP_SERVERS"), help="use this Kafka instead")
+    up.add_argument(
+        "--topology", default=_env("PIPELINE_TOPOLOGY", DEFAULT_TOPOLOGY), help="default %(default)s"
+    )
+    up.add_argument(
+        "--state-dir", default=_env("PIPELINE_STATE_DIR", ".state/up"), help="default %(default)s"
+    )
+    up.add_argument("--kafka-port", type=int, default=9092, help="local broker port (default %(default)s)")
+    up.add_argument("--ingress-port", type=int, default=8080, help="default %(default)s")
+    up.add_argument(
+        "--metrics-port", type=int, default=9100, help="worker metrics port (default %(default)s)"
+    )
+    up.set_defaults(handler=_cmd_up)
+
+    tail = commands.add_parser("tail", help="print a topic's committed records as JSON lines")
+    _common(tail)
+    tail.add_argument("topic")
+    tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
+    tail.add_argument("--latest", action="store_true", help="start at the end instead of the beginning")
+    tail.set_defaults(handler=_cmd_tail)
+
+    produce = commands.add_parser(
+        "produce", help="produce webhooks from a JSON-lines file ({source, headers, body})"
+    )
+    _common(produce)
+    produce.add_argument("file")
+    produce.set_defaults(handler=_cmd_produce)
     return parser
 
 

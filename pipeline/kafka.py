@@ -130,6 +130,15 @@ async def ensure_topics(
         return results
 
 
+async def partition_count(bootstrap: str, topic: str) -> int | None:
+    """How many partitions ``topic`` has, or ``None`` when it does not exist."""
+    async with admin_client(bootstrap) as admin:
+        [described] = await admin.describe_topics([topic])
+    if described.get("error_code", 0) != 0 or not described.get("partitions"):
+        return None
+    return len(described["partitions"])
+
+
 async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """The current configs of ``names`` (all keys, defaults included)."""
     async with admin_client(bootstrap) as admin:
@@ -151,5 +160,6 @@ __all__ = [
     "describe_topic_configs",
     "ensure_topics",
     "owner_partition",
+    "partition_count",
     "topic_specs",
 ]

@@ -1,0 +1,265 @@
+"""Benchmark the HTTP ingress against a bare aiohttp handler (run by hand, not a test).
+
+    python bench/ingress_bench.py --bootstrap 127.0.0.1:19092 --requests 20000 --concurrency 64
+
+Two servers run in this process, one after the other: a bare aiohttp app whose handler
+reads the body and answers 200, and the real ingress (Stripe signature check, key
+extraction, idempotent ``acks=all`` produce, 202 after the broker's ack) writing to
+fresh topics on the given broker. The load generator runs in a second process (this
+script with ``--load``): an aiohttp client with N concurrent connections to 127.0.0.1
+only, a bounded request count and a time limit. Every request carries a distinct,
+validly signed Stripe event, pre-signed before the clock starts. The table gives
+requests/s, p50 and p99 latency, and each row's throughput relative to bare aiohttp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline import kafka, topology  # noqa: E402
+from pipeline.ingress import Ingress, IngressSettings  # noqa: E402
+from pipeline.providers.signing import sign  # noqa: E402
+
+SECRET = "whsec_bench_secret_0123456789abcdef"
+SECRET_ENV = "PIPELINE_BENCH_STRIPE_SECRET"
+
+
+# -- the load generator (second process) -------------------------------------------------
+def _requests(count: int, prefix: str, timestamp: float) -> list[tuple[bytes, dict[str, str]]]:
+    out = []
+    for i in range(count):
+        body = json.dumps(
+            {
+                "id": f"evt_{prefix}_{i}",
+                "object": "event",
+                "type": "invoice.paid",
+                "created": int(timestamp),
+                "data": {"object": {"id": f"in_{i}", "object": "invoice", "amount_paid": 4200}},
+            }
+        ).encode()
+        headers = sign("stripe", body, SECRET, timestamp=timestamp)
+        headers["Content-Type"] = "application/json"
+        out.append((body, headers))
+    return out
+
+
+async def _load(url: str, count: int, concurrency: int, max_seconds: float, warmup: int) -> dict[str, object]:
+    if not url.startswith("http://127.0.0.1:"):
+        raise SystemExit("the load generator only targets 127.0.0.1")
+    prefix = uuid.uuid4().hex[:8]
+    batch = _requests(count + warmup, prefix, time.time())
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(body: bytes, headers: dict[str, str], record: bool) -> None:
+            nonlocal errors
+            started = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, TimeoutError):
+                errors += 1
+                return
+            if record:
+                latencies.append(time.perf_counter() - started)
+                statuses[status] = statuses.get(status, 0) + 1
+
+        await asyncio.gather(*(one(b, h, False) for b, h in batch[:warmup]))
+        work = iter(batch[warmup:])
+        deadline = time.monotonic() + max_seconds
+
+        async def worker() -> None:
+            for body, headers in work:
+                if time.monotonic() > deadline:
+                    return
+                await one(body, headers, True)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
+
+    return {
+        "done": len(latencies),
+        "elapsed": elapsed,
+        "rps": len(latencies) / elapsed if elapsed else 0.0,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "statuses": statuses,
+        "errors": errors,
+    }
+
+
+def _run_load(url: str, args: argparse.Namespace) -> dict[str, object]:
+    """Run the load generator in a second process and return its result."""
+    command = [
+        sys.executable,
+        __file__,
+        "--load",
+        url,
+        "--requests",
+        str(args.requests),
+        "--concurrency",
+        str(args.concurrency),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--warmup",
+        str(args.warmup),
+    ]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# -- the servers (this process) -------------------------------------------------------------
+async def _bare_server() -> tuple[web.AppRunner, int]:
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/webhooks/{source}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, int(runner.addresses[0][1])
+
+
+def _topology_file(directory: Path, app: str, partitions: int) -> Path:
+    path = directory / f"{app}.toml"
+    path.write_text(
+        f"""
+[app]
+name = "{app}"
+[topics]
+input = "{app}.raw"
+commands = "{app}.events"
+audit = "{app}.deliveries"
+dlq = "{app}.dlq"
+changelog = "{app}-seen-changelog"
+partitions = {partitions}
+[sources.stripe]
+provider = "stripe"
+secrets = ["{SECRET_ENV}"]
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+async def _run_in_background(url: str, args: argparse.Namespace) -> dict[str, object]:
+    return await asyncio.to_thread(_run_load, url, args)
+
+
+async def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
+    results: list[tuple[str, dict[str, object]]] = []
+    runner, port = await _bare_server()
+    try:
+        results.append(
+            ("bare aiohttp", await _run_in_background(f"http://127.0.0.1:{port}/webhooks/stripe", args))
+        )
+    finally:
+        await runner.cleanup()
+
+    os.environ[SECRET_ENV] = SECRET
+    app = f"bench-ingress-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _topology_file(Path(tmp), app, args.partitions)
+        specs = kafka.topic_specs(topology.load(path))
+        await kafka.ensure_topics(args.bootstrap, specs)
+        try:
+            ingress = Ingress(IngressSettings(bootstrap=args.bootstrap, topology=path, port=0))
+            await ingress.start()
+            serving = asyncio.create_task(ingress.run())
+            try:
+                url = f"http://127.0.0.1:{ingress.port}/webhooks/stripe"
+                results.append(("ingress", await _run_in_background(url, args)))
+            finally:
+                ingress.stop()
+                await serving
+        finally:
+            async with kafka.admin_client(args.bootstrap) as admin:
+                await admin.delete_topics([s.name for s in specs])
+    return results
+
+
+def _machine() -> str:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"nproc {os.cpu_count()}, CPU {model}, Python {platform.python_version()} ({platform.system()})"
+
+
+def _table(results: list[tuple[str, dict[str, object]]]) -> str:
+    base = float(results[0][1]["rps"])  # type: ignore[arg-type]
+    lines = [
+        "| server | req/s | p50 ms | p99 ms | ratio | requests | statuses |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in results:
+        rps = float(r["rps"])  # type: ignore[arg-type]
+        statuses = ", ".join(f"{k}: {v}" for k, v in sorted(dict(r["statuses"]).items()))  # type: ignore[call-overload]
+        if r["errors"]:
+            statuses += f", errors: {r['errors']}"
+        lines.append(
+            f"| {name} | {rps:,.0f} | {float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f} "  # type: ignore[arg-type]
+            f"| {rps / base if base else 0:.2f} | {r['done']} | {statuses} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument("--requests", type=int, default=20000, help="measured requests per server")
+    parser.add_argument("--concurrency", type=int, default=64, help="concurrent connections")
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="time limit per server")
+    parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests first")
+    parser.add_argument("--partitions", type=int, default=6, help="input partitions of the bench topics")
+    parser.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.load:
+        result = asyncio.run(_load(args.load, args.requests, args.concurrency, args.max_seconds, args.warmup))
+        print(json.dumps(result))
+        return 0
+    print(f"machine: {_machine()}")
+    print(
+        f"command: python bench/ingress_bench.py --bootstrap {args.bootstrap} "
+        f"--requests {args.requests} --concurrency {args.concurrency}"
+    )
+    results = asyncio.run(_bench(args))
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

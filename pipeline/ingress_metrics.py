@@ -1,0 +1,47 @@
+"""Prometheus metrics of the HTTP ingress, in their own registry (tests run several ingresses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+#: The ``source`` label of requests to a source the topology does not have (bounded cardinality).
+UNKNOWN_SOURCE_LABEL = "-"
+
+
+@dataclass(frozen=True)
+class IngressMetrics:
+    """Requests by source and status, their latency, and body sizes."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    request_seconds: Histogram
+    body_bytes: Histogram
+
+    @classmethod
+    def create(cls) -> IngressMetrics:
+        """Fresh metrics in a fresh registry."""
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter(
+                "pipeline_ingress_requests_total",
+                "Webhook requests by source and HTTP status",
+                ["source", "status"],
+                registry=registry,
+            ),
+            request_seconds=Histogram(
+                "pipeline_ingress_request_seconds",
+                "Time from receiving a webhook to answering it (includes the broker ack)",
+                ["source"],
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                registry=registry,
+            ),
+            body_bytes=Histogram(
+                "pipeline_ingress_body_bytes",
+                "Size of accepted-for-processing webhook bodies",
+                buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304),
+                registry=registry,
+            ),
+        )

@@ -1,0 +1,176 @@
+"""Operator tools: ``pipeline tail`` (committed records as JSON lines) and ``pipeline produce`` (backfills)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline import providers
+from pipeline.codec import http_headers_to_kafka
+from pipeline.errors import BrokerUnavailableError, InvalidRecordError, PipelineError
+from pipeline.kafka import owner_partition, partition_count
+from pipeline.topology import Topology
+
+
+def record_json(record: Any) -> bytes:
+    """One consumer record as a JSON line: value parsed when it is JSON, else text or base64."""
+    value: Any
+    try:
+        value = orjson.loads(record.value) if record.value is not None else None
+    except orjson.JSONDecodeError:
+        try:
+            value = record.value.decode("utf-8")
+        except UnicodeDecodeError:
+            value = {"base64": base64.b64encode(record.value).decode()}
+    return orjson.dumps(
+        {
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp,
+            "key": record.key.decode("utf-8", "replace") if record.key is not None else None,
+            "headers": {name: raw.decode("utf-8", "replace") for name, raw in record.headers or ()},
+            "value": value,
+        }
+    )
+
+
+async def tail(
+    bootstrap: str, topic: str, *, from_beginning: bool, follow: bool, out: IO[bytes], idle: float = 2.0
+) -> int:
+    """Print the committed records of ``topic``; stop when idle unless ``follow``. Returns the count."""
+    count = await partition_count(bootstrap, topic)
+    if count is None:
+        raise PipelineError(f"topic {topic} does not exist")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    await asyncio.sleep(0)  # let aiokafka's coordinator task start, or stop() raises CancelledError
+    try:
+        tps = [TopicPartition(topic, p) for p in range(count)]
+        consumer.assign(tps)
+        if from_beginning:
+            await consumer.seek_to_beginning(*tps)
+        else:
+            await consumer.seek_to_end(*tps)
+        count = 0
+        last = time.monotonic()
+        while follow or time.monotonic() - last < idle:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                for record in records:
+                    out.write(record_json(record) + b"\n")
+                    count += 1
+                last = time.monotonic()
+            out.flush()
+        return count
+    finally:
+        await consumer.stop()
+
+
+def read_webhooks(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """The JSON lines of ``path`` (``{source, headers, body}``) with their line numbers."""
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    item = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise PipelineError(f"{path}:{number}: not JSON: {exc}") from None
+                if not isinstance(item, dict) or "source" not in item or "body" not in item:
+                    raise PipelineError(
+                        f"{path}:{number}: expected an object with 'source', 'headers' and 'body'"
+                    )
+                yield number, item
+
+
+def _body_bytes(body: Any) -> bytes:
+    if isinstance(body, str):
+        return body.encode()
+    return orjson.dumps(body)
+
+
+async def produce_file(
+    bootstrap: str,
+    topology: Topology,
+    path: Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[int, list[str]]:
+    """Produce every webhook of ``path`` to the input topic, keyed and partitioned as the ingress does.
+
+    The body is taken as given (a string is sent byte for byte, an object as
+    compact JSON); signatures are not checked (a backfill replays what was
+    already accepted). Returns the number produced and one problem line per
+    line skipped (unknown source, no key).
+    """
+    items = list(read_webhooks(path))
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10
+    )
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    problems: list[str] = []
+    futures = []
+    try:
+        partitions = len(await producer.partitions_for(topology.topics.input))
+        for done, (number, item) in enumerate(items, 1):
+            source = topology.sources.get(str(item["source"]))
+            if source is None:
+                problems.append(f"{path}:{number}: unknown source {item['source']!r}")
+                continue
+            headers = {str(k): str(v) for k, v in (item.get("headers") or {}).items()}
+            body = _body_bytes(item["body"])
+            preset = providers.get(source.provider, **source.options)
+            try:
+                key = f"{source.name}:{preset.idempotency_key(headers, body)}"
+            except InvalidRecordError as exc:
+                problems.append(f"{path}:{number}: {exc}")
+                continue
+            received_at = int(item.get("received_at") or time.time() * 1000)
+            futures.append(
+                await producer.send(
+                    topology.topics.input,
+                    body,
+                    key=key.encode(),
+                    partition=owner_partition(key.encode(), partitions),
+                    headers=http_headers_to_kafka(headers, source=source.name, received_at=received_at),
+                    timestamp_ms=received_at,
+                )
+            )
+            if progress is not None:
+                progress(done, len(items))
+        for future in futures:
+            await future
+    finally:
+        await producer.stop()
+    return len(futures), problems
+
+
+def print_progress(done: int, total: int, *, stream: IO[str] = sys.stderr) -> None:
+    """A one-line progress display on a terminal, every 1% otherwise."""
+    step = max(total // 100, 1)
+    if done == total or done % step == 0:
+        end = "\n" if done == total else ("\r" if stream.isatty() else "\n")
+        stream.write(f"produced {done}/{total} ({done * 100 // max(total, 1)}%){end}")
+        stream.flush()

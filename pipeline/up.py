@@ -1,0 +1,197 @@
+"""``pipeline up``: the whole pipeline on one machine, local Kafka included.
+
+Starts the local broker with ``deploy/kafka/kafka.sh`` when no bootstrap
+server is given, creates the topics, runs the ingress and a worker in this
+process, and prints where everything is. Ctrl-C (or SIGTERM) stops the
+services and the broker it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pipeline import kafka, topology
+from pipeline.config import WorkerSettings
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.ingress import Ingress, IngressSettings
+from pipeline.providers.signing import sign
+from pipeline.topology import Topology, Verify
+from pipeline.worker import Worker
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+
+
+class Service(Protocol):
+    """What ``up`` runs: the worker and the ingress share this shape."""
+
+    async def start(self) -> None: ...
+    async def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    """What ``pipeline up`` starts."""
+
+    topology: Path
+    state_dir: Path
+    bootstrap: str | None = None  # None: start the local broker
+    kafka_port: int = 9092
+    ingress_port: int = 8080
+    metrics_port: int = 9100
+    group: str = "webhook-dedupe"
+
+
+@dataclass
+class Up:
+    """Runs the broker (maybe), topics, worker and ingress until stopped."""
+
+    settings: UpSettings
+    out: Callable[[str], None] = print
+    _services: list[Service] = field(default_factory=list)
+    _started_broker: bool = False
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def bootstrap(self) -> str:
+        """Where Kafka is."""
+        return self.settings.bootstrap or f"127.0.0.1:{self.settings.kafka_port}"
+
+    async def start(self) -> None:
+        """Start everything, in dependency order."""
+        topo = topology.load(self.settings.topology)
+        if self.settings.bootstrap is None:
+            await self._start_broker()
+        self.out(f"Kafka         {self.bootstrap}")
+        results = await kafka.ensure_topics(self.bootstrap, kafka.topic_specs(topo))
+        for result in results:
+            self.out(f"  topic {result.action:8} {result.name} ({result.partitions} partitions)")
+        generated = dev_secrets(topo, os.environ)
+        worker = Worker(
+            WorkerSettings(
+                bootstrap=self.bootstrap,
+                topology=self.settings.topology,
+                state_dir=self.settings.state_dir,
+                group=self.settings.group,
+                metrics_port=self.settings.metrics_port,
+            ),
+            topo,
+        )
+        ingress = Ingress(
+            IngressSettings(
+                bootstrap=self.bootstrap, topology=self.settings.topology, port=self.settings.ingress_port
+            ),
+            topo,
+        )
+        self._services = [worker, ingress]
+        for service in self._services:
+            await service.start()
+        base = f"http://127.0.0.1:{ingress.port}"
+        self.out(f"Worker        group {self.settings.group}, state in {self.settings.state_dir}")
+        self.out(f"  metrics     http://127.0.0.1:{self.settings.metrics_port}/metrics")
+        self.out(f"Ingress       {base}  (metrics {base}/metrics, health {base}/healthz, {base}/readyz)")
+        for name in sorted(topo.sources):
+            self.out(f"  webhook URL {base}/webhooks/{name}")
+        self.out("Try it (a signed Stripe test event):")
+        self.out("  " + sample_curl(topo, base))
+        if generated:
+            self.out(
+                "Dev secrets   generated for unset variables (this process only): "
+                + ", ".join(sorted(generated))
+            )
+        self.out("Stop with Ctrl-C.")
+
+    async def run(self) -> None:
+        """Run the services until one ends or :meth:`stop` is called."""
+        tasks = [asyncio.create_task(service.run()) for service in self._services]
+        stopper = asyncio.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    log.error("a service failed: %s", task.exception())
+        finally:
+            for service in self._services:
+                service.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            stopper.cancel()
+            if self._started_broker:
+                await self._stop_broker()
+
+    def stop(self) -> None:
+        """Ask everything to stop."""
+        self._stopping.set()
+
+    async def _start_broker(self) -> None:
+        if not KAFKA_SH.exists():
+            raise ConfigError("no local broker script here (deploy/kafka/kafka.sh): give --bootstrap")
+        self.out(f"Starting the local Kafka broker on 127.0.0.1:{self.settings.kafka_port} ...")
+        code = await _run([str(KAFKA_SH), "start", str(self.settings.kafka_port)])
+        if code != 0:
+            raise PipelineError(
+                f"the local broker did not start (see {KAFKA_SH} logs {self.settings.kafka_port})"
+            )
+        self._started_broker = True
+
+    async def _stop_broker(self) -> None:
+        self.out("Stopping the local Kafka broker ...")
+        await _run([str(KAFKA_SH), "stop", str(self.settings.kafka_port)])
+
+
+async def _run(argv: list[str]) -> int:
+    process = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL)
+    return await process.wait()
+
+
+def dev_secrets(topo: Topology, environ: os._Environ[str] | dict[str, str]) -> list[str]:
+    """Set a random development secret for each unset secret variable; return their names.
+
+    Only for ``pipeline up`` on one machine: the values never leave this
+    process and are never printed.
+    """
+    generated = []
+    for source in topo.sources.values():
+        if source.verify is Verify.NONE or not source.secret_env:
+            continue
+        name = source.secret_env[0]
+        if not environ.get(name):
+            environ[name] = "whsec_" + secrets.token_urlsafe(24)
+            generated.append(name)
+    return generated
+
+
+def sample_curl(topo: Topology, base: str, environ: Mapping[str, str] | None = None) -> str:
+    """A ``curl`` command that posts a correctly signed test event to the first signed source.
+
+    It carries a signature, never the secret itself.
+    """
+    env = os.environ if environ is None else environ
+    for source in topo.sources.values():
+        secret_values = source.secrets(env)
+        if source.verify is Verify.NONE or not secret_values:
+            continue
+        event_id = f"evt_demo_{secrets.token_hex(6)}"
+        body = (
+            f'{{"id": "{event_id}", "object": "event", "type": "checkout.session.completed", '
+            f'"data": {{"object": {{"id": "cs_test_1", "payment_intent": "pi_test_1"}}}}}}'
+        ).encode()
+        headers = sign(source.provider, body, secret_values[0], timestamp=time.time(), msg_id=event_id)
+        parts = ["curl", "-sS", "-X", "POST", f"{base}/webhooks/{source.name}"]
+        for name, value in headers.items():
+            parts += ["-H", f"{name}: {value}"]
+        parts += ["-H", "Content-Type: application/json", "--data-binary", body.decode()]
+        return shlex.join(parts)
+    return f"curl -sS -X POST {base}/webhooks/<source> --data-binary @event.json"
