@@ -157,6 +157,24 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.inspect import inspect  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    workers = [w.strip() for w in (args.workers or "").split(",") if w.strip()]
+    report = asyncio.run(inspect(args.key, topo, bootstrap=args.bootstrap, workers=workers))
+    if args.json:
+        from dataclasses import asdict  # noqa: PLC0415
+
+        import orjson  # noqa: PLC0415
+
+        print(orjson.dumps(asdict(report)).decode())
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.known else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -222,6 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, default=9100, help="worker metrics port (default %(default)s)"
     )
     up.set_defaults(handler=_cmd_up)
+
+    inspect = commands.add_parser(
+        "inspect", help="what the pipeline knows about an event key or an effect key"
+    )
+    _common(inspect)
+    inspect.add_argument("key", help="e.g. stripe:evt_123 or fulfil-order:pi_123")
+    inspect.add_argument(
+        "--workers",
+        default=_env("PIPELINE_WORKERS", "127.0.0.1:9100"),
+        help="worker HTTP endpoints host:port,... (env PIPELINE_WORKERS, default %(default)s)",
+    )
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.set_defaults(handler=_cmd_inspect)
 
     tail = commands.add_parser("tail", help="print a topic's committed records as JSON lines")
     _common(tail)

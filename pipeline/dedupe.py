@@ -9,8 +9,11 @@ replaying a partition makes the same decisions.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 import orjson
 
@@ -22,6 +25,7 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"  # a copy of a key seen within its TTL: nothing is emitted
     INVALID = "invalid"  # unusable: sent to the DLQ with the reason
     REROUTED = "rerouted"  # on the wrong partition: moved to the owning one
+    CONFLICT = "conflict"  # a copy within the TTL whose body differs from the first copy's: not processed
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,8 @@ class Entry:
     last_seen: int = 0
     command: str | None = None
     topic: str | None = None
+    body_hash: str | None = None  # fingerprint of the first copy's body (volatile fields left out)
+    conflicts: int = 0
 
     def encode(self) -> bytes:
         """The bytes stored in RocksDB and in the changelog."""
@@ -49,6 +55,8 @@ class Entry:
                 "l": self.last_seen,
                 "c": self.command,
                 "t": self.topic,
+                "h": self.body_hash,
+                "k": self.conflicts,
             }
         )
 
@@ -66,6 +74,8 @@ class Entry:
                 last_seen=int(raw.get("l", 0)),
                 command=raw.get("c"),
                 topic=raw.get("t"),
+                body_hash=raw.get("h"),
+                conflicts=int(raw.get("k", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"not a seen-set entry: {exc}") from exc
@@ -82,7 +92,6 @@ class Decision:
     outcome: Outcome
     entry: Entry
     previous: Entry | None  # the state before this copy (an expired one included)
-    changelog: bool  # whether the new state must be written to the changelog
 
 
 def decide(
@@ -95,15 +104,17 @@ def decide(
     offset: int,
     command: str | None = None,
     topic: str | None = None,
+    body_hash: str | None = None,
 ) -> Decision:
     """Decide one copy of a key seen at ``timestamp`` (its record timestamp).
 
     - no state, or state that expired before ``timestamp``: ``FIRST``; the key
-      is (re)claimed with ``expires_at = timestamp + ttl`` and the claim goes to
-      the changelog;
-    - live state: ``DUPLICATE``; the duplicate count and last-seen time are
-      updated locally, and with sliding expiry ``expires_at`` moves to
-      ``timestamp + ttl`` (which the changelog must then carry).
+      is (re)claimed with ``expires_at = timestamp + ttl``;
+    - live state: ``DUPLICATE``; the duplicate count and last-seen time move,
+      and with sliding expiry ``expires_at`` moves to ``timestamp + ttl``;
+    - live state whose first copy had another ``body_hash``: ``CONFLICT``, a
+      duplicate that is still not processed but is counted, because two
+      different bodies under one key usually mean a bad key.
     """
     if existing is None or not existing.alive_at(timestamp):
         entry = Entry(
@@ -114,15 +125,26 @@ def decide(
             last_seen=timestamp,
             command=command,
             topic=topic,
+            body_hash=body_hash,
         )
-        return Decision(Outcome.FIRST, entry, existing, changelog=True)
+        return Decision(Outcome.FIRST, entry, existing)
     expires_at = existing.expires_at
     if sliding:
         expires_at = max(expires_at, timestamp + ttl_ms)
+    conflict = body_hash is not None and existing.body_hash is not None and body_hash != existing.body_hash
     entry = replace(
         existing,
         duplicates=existing.duplicates + 1,
         last_seen=max(existing.last_seen, timestamp),
         expires_at=expires_at,
+        conflicts=existing.conflicts + int(conflict),
     )
-    return Decision(Outcome.DUPLICATE, entry, existing, changelog=expires_at != existing.expires_at)
+    outcome = Outcome.CONFLICT if conflict else Outcome.DUPLICATE
+    return Decision(outcome, entry, existing)
+
+
+def fingerprint(event: Mapping[str, Any], volatile: Iterable[str] = ()) -> str:
+    """A short stable hash of an event body, leaving out fields that change per delivery attempt."""
+    skip = set(volatile)
+    kept = {k: v for k, v in event.items() if k not in skip} if skip else event
+    return hashlib.blake2b(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()

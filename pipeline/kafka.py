@@ -72,6 +72,16 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
         ),
     ]
     specs += [TopicSpec(name, count, replication) for name in topology.command_topics()]
+    if topology.has_effects:
+        specs += [
+            TopicSpec(topology.topics.effects, count, replication),
+            TopicSpec(
+                topology.topics.effects_changelog,
+                count,
+                replication,
+                {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)},
+            ),
+        ]
     return specs
 
 

@@ -12,12 +12,41 @@ from aiokafka import TopicPartition
 from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.classify import Accepted, Classifier, Invalid, Reroute
 from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
-from pipeline.dedupe import Outcome, decide
-from pipeline.topology import Expiry, Topology
+from pipeline.dedupe import Outcome, decide, fingerprint
+from pipeline.topology import Expiry, Route, Topology
 
 log = logging.getLogger(__name__)
 
 DEFAULT_COMMAND = "handle"
+EFFECT_TTL_HEADER = "effect-ttl-ms"
+COMMAND_TOPIC_HEADER = "command-topic"
+# Body fields a provider changes from one delivery attempt to the next: left out of conflict checks.
+VOLATILE_FIELDS: Mapping[str, tuple[str, ...]] = {"stripe": ("pending_webhooks",)}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where an accepted event's command goes."""
+
+    topic: str | None  # None: dropped by an explicit route
+    command: str | None
+    effect_key: str | None = None
+    effect_ttl_ms: int = 0
+
+
+def resolve_target(topology: Topology, route: Route | None, item: Accepted) -> Target | None:
+    """The command topic, name and effect key for ``item``; ``None`` when its effect key is missing."""
+    if route is not None and route.drop:
+        return Target(None, None)
+    topic = route.topic if route and route.topic else topology.topics.commands
+    command = route.command if route and route.command else DEFAULT_COMMAND
+    if route is None or route.effect_key is None:
+        return Target(topic, command)
+    value = route.effect_value(item.event)
+    if value is None:
+        return None
+    ttl = route.effect_ttl or item.source.ttl
+    return Target(topic, command, f"{command}:{value}", int(ttl.total_seconds() * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +105,12 @@ class PartitionProcessor:
         ckpt = self.checkpoint
         source = item.source
         route = self.topology.route(source.name, item.event_type)
-        topic = (
-            None
-            if route is not None and route.drop
-            else (route.topic if route and route.topic else self.topology.topics.commands)
-        )
-        command = None if topic is None else (route.command if route and route.command else DEFAULT_COMMAND)
+        target = resolve_target(self.topology, route, item)
+        if target is None:
+            effect_path = route.effect_key if route else None
+            error = f"the event has no value at effect_key {effect_path!r}"
+            await self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
+            return
         existing = ckpt.staged(item.key_bytes) or known.get(item.key_bytes)
         decision = decide(
             existing,
@@ -90,42 +119,36 @@ class PartitionProcessor:
             sliding=source.expiry is Expiry.SLIDING,
             partition=delivery.partition,
             offset=delivery.offset,
-            command=command,
-            topic=topic,
+            command=target.command,
+            topic=target.topic,
+            body_hash=fingerprint(item.event, VOLATILE_FIELDS.get(source.provider, ())),
         )
         entry = decision.entry
         ckpt.stage(item.key_bytes, entry, decision.previous)
-        received_at = delivery.received_at
-        if decision.outcome is Outcome.FIRST and topic is not None and command is not None:
-            value = command_value(
-                command=command,
-                key=item.key,
-                effect_key=item.key,
-                source=source.name,
-                event_type=item.event_type,
-                received_at=received_at,
-                body=delivery.value,
-            )
-            await ckpt.emit(
-                topic,
-                self.outputs.partition_for(topic, item.key_bytes),
-                key=item.key_bytes,
-                value=value,
-                timestamp=delivery.timestamp,
-            )
-        if decision.changelog:
-            await ckpt.emit(
-                ckpt.changelog.topic,
-                ckpt.changelog.partition,
-                key=item.key_bytes,
-                value=entry.encode(),
-                timestamp=delivery.timestamp,
-            )
+        if decision.outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
+            await self._command(delivery, item, target)
+        await ckpt.emit(  # every state change, so a restored store has the counts too
+            ckpt.changelog.topic,
+            ckpt.changelog.partition,
+            key=item.key_bytes,
+            value=entry.encode(),
+            timestamp=delivery.timestamp,
+        )
         extra: dict[str, Any] = {}
         if decision.outcome is Outcome.FIRST and decision.previous is not None:
             extra["previous_expired_at"] = decision.previous.expires_at
-        if topic is None:
+        if target.topic is None:
             extra["dropped_by_route"] = True
+        if target.effect_key is not None:
+            extra["effect_key"] = target.effect_key
+        if decision.outcome is Outcome.CONFLICT:
+            log.warning(
+                "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
+                self.tp,
+                item.key,
+                delivery.offset,
+                entry.offset,
+            )
         await self._audit(
             delivery,
             key=item.key,
@@ -138,6 +161,37 @@ class PartitionProcessor:
         )
         log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, decision.outcome)
         self.on_outcome(source.name, decision.outcome.value)
+
+    async def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
+        """Emit the command: to its topic, or to the effect stage when the route names an effect key."""
+        command, topic = target.command or DEFAULT_COMMAND, target.topic or self.topology.topics.commands
+        effect_key = target.effect_key or item.key
+        value = command_value(
+            command=command,
+            key=item.key,
+            effect_key=effect_key,
+            source=item.source.name,
+            event_type=item.event_type,
+            received_at=delivery.received_at,
+            body=delivery.value,
+        )
+        headers: list[tuple[str, bytes]] = []
+        out_topic = topic
+        if target.effect_key is not None:
+            out_topic = self.topology.topics.effects
+            headers = [
+                (EFFECT_TTL_HEADER, str(target.effect_ttl_ms).encode()),
+                (COMMAND_TOPIC_HEADER, topic.encode()),
+            ]
+        key = effect_key.encode()
+        await self.checkpoint.emit(
+            out_topic,
+            self.outputs.partition_for(out_topic, key),
+            key=key,
+            value=value,
+            timestamp=delivery.timestamp,
+            headers=headers,
+        )
 
     async def _reroute(self, delivery: Delivery, item: Reroute) -> None:
         headers = [(n, v) for n, v in delivery.raw_headers if n.lower() != REROUTED_FROM_HEADER]

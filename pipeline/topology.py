@@ -71,6 +71,23 @@ class Route:
     topic: str | None = None
     command: str | None = None
     drop: bool = False
+    effect_key: str | None = None  # dotted path into the event; commands then pass the effect stage
+    effect_ttl: timedelta | None = None  # default: the source's TTL
+
+    def effect_value(self, event: Mapping[str, Any]) -> str | None:
+        """The value at ``effect_key`` in ``event`` (a string or number), or ``None``."""
+        if self.effect_key is None:
+            return None
+        value: Any = event
+        for part in self.effect_key.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                return None
+            value = value[part]
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return None
 
     def matches(self, source: str, event_type: str | None) -> bool:
         """Whether an event from ``source`` of ``event_type`` takes this route."""
@@ -86,6 +103,8 @@ class Topics:
     audit: str = "webhooks.deliveries"
     dlq: str = "webhooks.dlq"
     changelog: str = "webhooks-seen-changelog"
+    effects: str = "webhooks-effects"  # internal: commands keyed by effect key, between the stages
+    effects_changelog: str = "webhooks-effects-changelog"
     partitions: int = 6
     replication: int = 1
 
@@ -102,8 +121,14 @@ class Topology:
 
     @property
     def max_ttl(self) -> timedelta:
-        """The longest TTL of any source: the changelog must keep keys that long."""
-        return max((s.ttl for s in self.sources.values()), default=DEFAULT_TTL)
+        """The longest TTL of any source or effect: the changelogs must keep keys that long."""
+        ttls = [s.ttl for s in self.sources.values()] + [r.effect_ttl for r in self.routes if r.effect_ttl]
+        return max(ttls, default=DEFAULT_TTL)
+
+    @property
+    def has_effects(self) -> bool:
+        """Whether any route sends its commands through the effect stage."""
+        return any(r.effect_key for r in self.routes)
 
     @property
     def changelog_retention(self) -> timedelta:
@@ -202,14 +227,18 @@ def _parse_topics(raw: object, app: str, problems: _Problems) -> Topics:
     if not isinstance(raw, Mapping):
         problems.add("topics", "must be a table")
         return Topics()
-    defaults = Topics(changelog=f"{app}-seen-changelog")
+    defaults = Topics(
+        changelog=f"{app}-seen-changelog",
+        effects=f"{app}-effects",
+        effects_changelog=f"{app}-effects-changelog",
+    )
     problems.unknown(raw, "topics", set(Topics.__slots__))
     names = {
         key: problems.topic(raw.get(key, getattr(defaults, key)), f"topics.{key}")
-        for key in ("input", "commands", "audit", "dlq", "changelog")
+        for key in ("input", "commands", "audit", "dlq", "changelog", "effects", "effects_changelog")
     }
     if len(set(names.values())) < len(names):
-        problems.add("topics", "input, commands, audit, dlq and changelog must be distinct topics")
+        problems.add("topics", "input, commands, audit, dlq, changelog and effects topics must be distinct")
     return Topics(
         **names,
         partitions=problems.positive_int(raw.get("partitions", defaults.partitions), "topics.partitions"),
@@ -278,7 +307,9 @@ def _parse_routes(raw: object, sources: Mapping[str, Source], problems: _Problem
         if not isinstance(table, Mapping):
             problems.add(key, "must be a table")
             continue
-        problems.unknown(table, key, {"source", "event", "topic", "command", "drop"})
+        problems.unknown(
+            table, key, {"source", "event", "topic", "command", "drop", "effect_key", "effect_ttl"}
+        )
         source = table.get("source", "*")
         if not isinstance(source, str) or not any(fnmatch.fnmatchcase(s, source) for s in sources):
             problems.add(f"{key}.source", f"{source!r} matches no source")
@@ -297,10 +328,40 @@ def _parse_routes(raw: object, sources: Mapping[str, Source], problems: _Problem
         if command is not None and not (isinstance(command, str) and command):
             problems.add(f"{key}.command", "must be a non-empty string")
             command = None
-        if drop and (topic or command):
-            problems.add(key, "a route with drop = true takes no topic or command")
-        routes.append(Route(source=str(source), event=event, topic=topic, command=command, drop=drop))
+        effect_key, effect_ttl = _parse_effect(table, key, command, problems)
+        if drop and (topic or command or effect_key):
+            problems.add(key, "a route with drop = true takes no topic, command or effect_key")
+        routes.append(
+            Route(
+                source=str(source),
+                event=event,
+                topic=topic,
+                command=command,
+                drop=drop,
+                effect_key=effect_key,
+                effect_ttl=effect_ttl,
+            )
+        )
     return tuple(routes)
+
+
+def _parse_effect(
+    table: Mapping[str, Any], key: str, command: object, problems: _Problems
+) -> tuple[str | None, timedelta | None]:
+    effect_key = table.get("effect_key")
+    if effect_key is not None and not (isinstance(effect_key, str) and all(effect_key.split("."))):
+        problems.add(f"{key}.effect_key", "must be a dotted path into the event, such as 'data.object.id'")
+        effect_key = None
+    effect_ttl = None
+    if "effect_ttl" in table:
+        effect_ttl = problems.duration(table["effect_ttl"], f"{key}.effect_ttl")
+        if effect_key is None:
+            problems.add(f"{key}.effect_ttl", "needs an effect_key")
+    if effect_key is not None and command is None:
+        problems.add(
+            f"{key}.command", "a route with an effect_key needs a command name (the effect it names)"
+        )
+    return effect_key, effect_ttl
 
 
 def _enum(kind: type[_E], value: object, key: str, problems: _Problems) -> _E:

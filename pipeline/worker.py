@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline import worker_http
 from pipeline.checkpoint import PartitionCheckpoint, TransactionFailedError
 from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
-from pipeline.errors import PartitionFencedError, PipelineError, StoreCorruptError, StoreError
-from pipeline.kafka import owner_partition
+from pipeline.effects import EffectProcessor
+from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreCorruptError, StoreError
+from pipeline.kafka import owner_partition, partition_count
 from pipeline.metrics import WorkerMetrics
 from pipeline.processor import OutputTopics, PartitionProcessor
 from pipeline.restore import restore
@@ -44,7 +47,7 @@ class _Partition:
     store: PartitionStore
     producer: AIOKafkaProducer
     checkpoint: PartitionCheckpoint
-    processor: PartitionProcessor
+    processor: PartitionProcessor | EffectProcessor
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
 
@@ -74,6 +77,7 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._outputs: OutputTopics | None = None
         self._classifier: Classifier | None = None
+        self._http: web.AppRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -101,21 +105,27 @@ class Worker:
             topics.changelog,
             *self.topology.command_topics(),
         ]
+        if self.topology.has_effects:
+            names += [topics.effects, topics.effects_changelog]
         counts = {}
         for name in names:
-            parts = consumer.partitions_for_topic(name) or await self._partitions_of(consumer, name)
-            counts[name] = len(parts)
-        if counts[topics.changelog] != counts[topics.input]:
-            await consumer.stop()
-            raise StoreError(
-                f"changelog {topics.changelog} has {counts[topics.changelog]} partitions but input "
-                f"{topics.input} has {counts[topics.input]}: they must match"
-            )
+            count = await partition_count(self.settings.bootstrap, name)
+            if count is None:
+                await consumer.stop()
+                raise StoreError(f"topic {name} does not exist: run 'pipeline topics create' first")
+            counts[name] = count
+        for source, changelog in self._stages():
+            if counts[changelog] != counts[source]:
+                await consumer.stop()
+                raise StoreError(
+                    f"changelog {changelog} has {counts[changelog]} partitions but {source} "
+                    f"has {counts[source]}: they must match"
+                )
         self._outputs = OutputTopics(counts, owner_partition)
         self._classifier = Classifier(self.topology, owner_partition, input_partitions=counts[topics.input])
-        consumer.subscribe([topics.input], listener=_Rebalance(self))
+        consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if self.settings.metrics_port is not None:
-            self.metrics.serve(self.settings.metrics_port)
+            await self._serve_http(self.settings.metrics_port, counts)
         log.info(
             "worker started: group %s, input %s (%s partitions)",
             self.settings.group,
@@ -123,15 +133,30 @@ class Worker:
             counts[topics.input],
         )
 
-    @staticmethod
-    async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-        for _ in range(50):
-            await consumer._client.force_metadata_update()  # aiokafka has no public metadata refresh
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                return set(parts)
-            await asyncio.sleep(0.1)
-        raise StoreError(f"topic {topic} does not exist: run 'pipeline topics create' first")
+    async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
+        app = worker_http.build_app(
+            lambda: {(tp.topic, tp.partition): part.store for tp, part in self._partitions.items()},
+            lambda topic, key: owner_partition(key, counts[topic]),
+            [source for source, _ in self._stages()],
+            self.metrics.registry,
+        )
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "0.0.0.0", port).start()  # noqa: S104  (scraped and inspected by peers)
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(f"cannot serve metrics on port {port}: {exc}") from None
+        self._http = runner
+        log.info("metrics and inspect endpoint on port %s", port)
+
+    def _stages(self) -> list[tuple[str, str]]:
+        """Each consumed topic with the changelog of its seen-set."""
+        topics = self.topology.topics
+        stages = [(topics.input, topics.changelog)]
+        if self.topology.has_effects:
+            stages.append((topics.effects, topics.effects_changelog))
+        return stages
 
     def stop(self) -> None:
         """Ask the loop to finish its transactions and exit."""
@@ -158,6 +183,9 @@ class Worker:
             return
         await self._close_partitions(set(self._partitions), commit=True)
         await consumer.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
         self._consumer = None
         log.info("worker stopped")
 
@@ -298,7 +326,7 @@ class Worker:
         )
         try:
             await producer.start()  # InitProducerId: fences the previous owner, aborts its open transaction
-            changelog = TopicPartition(topics.changelog, tp.partition)
+            changelog = TopicPartition(dict(self._stages())[tp.topic], tp.partition)
             applied = await restore(
                 store,
                 changelog,
@@ -313,14 +341,24 @@ class Worker:
         checkpoint = PartitionCheckpoint(
             tp=tp, group=self.settings.group, producer=producer, store=store, changelog=changelog
         )
-        processor = PartitionProcessor(
-            tp=tp,
-            topology=self.topology,
-            classifier=self._require(self._classifier),
-            checkpoint=checkpoint,
-            outputs=self._require(self._outputs),
-            on_outcome=self._count,
-        )
+        processor: PartitionProcessor | EffectProcessor
+        if tp.topic == topics.input:
+            processor = PartitionProcessor(
+                tp=tp,
+                topology=self.topology,
+                classifier=self._require(self._classifier),
+                checkpoint=checkpoint,
+                outputs=self._require(self._outputs),
+                on_outcome=self._count,
+            )
+        else:
+            processor = EffectProcessor(
+                tp=tp,
+                topology=self.topology,
+                checkpoint=checkpoint,
+                outputs=self._require(self._outputs),
+                on_outcome=self._count,
+            )
         return _Partition(tp, store, producer, checkpoint, processor)
 
     async def _open_store(self, path: Path) -> PartitionStore:

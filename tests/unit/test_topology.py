@@ -37,7 +37,11 @@ def test_every_problem_is_reported_at_once() -> None:
         "sources": {
             "stripe": {"provider": "nope", "ttl": "forever", "expiry": "whenever", "colour": "red"},
         },
-        "routes": [{"source": "gitlab", "drop": True, "topic": "x"}],
+        "routes": [
+            {"source": "gitlab", "drop": True, "topic": "x"},
+            {"source": "stripe", "effect_key": "data..id", "effect_ttl": "2d"},
+            {"source": "stripe", "effect_key": "data.object.id"},
+        ],
     }
     with pytest.raises(TopologyError) as caught:
         topology.parse(data, origin="t.toml")
@@ -50,7 +54,10 @@ def test_every_problem_is_reported_at_once() -> None:
         "t.toml: sources.stripe.expiry: must be one of: fixed, sliding",
         "t.toml: sources.stripe.colour: unknown key",
         "t.toml: routes[0].source: 'gitlab' matches no source",
-        "t.toml: routes[0]: a route with drop = true takes no topic or command",
+        "t.toml: routes[0]: a route with drop = true takes no topic, command or effect_key",
+        "t.toml: routes[1].effect_key: must be a dotted path",
+        "t.toml: routes[1].effect_ttl: needs an effect_key",
+        "t.toml: routes[2].command: a route with an effect_key needs a command name",
     ]
     for fragment in expected:
         assert any(p.startswith(fragment) for p in problems), (fragment, problems)
@@ -106,3 +113,26 @@ def test_routes_pick_the_first_match_or_the_default_topic() -> None:
     assert dropped.drop
     assert topo.route("github", "issues.opened") is None
     assert topo.command_topics() == ["git.pushes", "webhooks.events"]
+
+
+@pytest.mark.parametrize("name", ["default", "stripe-fulfilment", "github"])
+def test_every_example_topology_loads(name: str) -> None:
+    """The topologies shipped in topologies/ are valid."""
+    topo = topology.load(ROOT / "topologies" / f"{name}.toml")
+    assert topo.sources
+
+
+def test_effect_keys_resolve_dotted_paths_in_the_event() -> None:
+    """An effect key path picks a string or integer from the event, and nothing else."""
+    route = topology.Route(effect_key="data.object.payment_intent", command="fulfil-order")
+    assert route.effect_value({"data": {"object": {"payment_intent": "pi_1"}}}) == "pi_1"
+    assert route.effect_value({"data": {"object": {"payment_intent": 7}}}) == "7"
+    assert route.effect_value({"data": {"object": {"payment_intent": None}}}) is None
+    assert route.effect_value({"data": {}}) is None
+
+
+def test_effect_ttls_count_towards_the_changelog_retention() -> None:
+    """A longer effect TTL than any source TTL sets the changelog retention."""
+    topo = topology.load(ROOT / "topologies" / "stripe-fulfilment.toml")
+    assert topo.has_effects
+    assert topo.changelog_retention == timedelta(days=31)

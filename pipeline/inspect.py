@@ -1,0 +1,176 @@
+"""``pipeline inspect KEY``: what the pipeline knows about an event key or an effect key.
+
+It asks the worker that owns the key's partition (each worker's HTTP
+endpoint lists its partitions and answers ``/keys/{key}`` from its seen-set),
+and falls back to reading the key's audit partition when no worker answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.kafka import owner_partition, partition_count
+from pipeline.topology import Topology
+
+
+@dataclass
+class Report:
+    """The answer about one key."""
+
+    key: str
+    known: bool = False
+    where: str = ""  # who answered: a worker URL or the audit topic
+    topic: str | None = None
+    partition: int | None = None
+    first_seen: int | None = None
+    offset: int | None = None
+    duplicates: int = 0
+    conflicts: int = 0
+    last_seen: int | None = None
+    command: str | None = None
+    command_topic: str | None = None
+    expires_at: int | None = None
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """Human-readable lines."""
+        if not self.known:
+            return [f"key           {self.key}", f"known         no ({self.where})"]
+        out = [
+            f"key           {self.key}",
+            f"known         yes, {self.topic} partition {self.partition} (from {self.where})",
+            f"first seen    {_time(self.first_seen)} at offset {self.offset}",
+            f"duplicates    {self.duplicates}"
+            + (f", last at {_time(self.last_seen)}" if self.duplicates else ""),
+        ]
+        if self.conflicts:
+            out.append(f"conflicts     {self.conflicts} (copies whose body differed from the first)")
+        if self.command:
+            out.append(f"command       {self.command} -> {self.command_topic}")
+        else:
+            out.append("command       none (dropped by a route)")
+        out.append(f"expires       {_time(self.expires_at)}")
+        return out
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+async def inspect(
+    key: str, topology: Topology, *, bootstrap: str, workers: Sequence[str], timeout: float = 3.0
+) -> Report:
+    """Ask the owning worker; fall back to the audit topic."""
+    stages = [topology.topics.input] + ([topology.topics.effects] if topology.has_effects else [])
+    counts = {topic: await partition_count(bootstrap, topic) for topic in stages}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        owned = await asyncio.gather(*(_partitions(session, url) for url in workers))
+        for topic in stages:
+            count = counts[topic]
+            if not count:
+                continue
+            partition = owner_partition(key.encode(), count)
+            for url, partitions in zip(workers, owned, strict=True):
+                if partition in partitions.get(topic, []):
+                    answer = await _get_json(session, f"{_base(url)}/keys/{key}")
+                    if answer and answer.get("known"):
+                        return _from_worker(key, url, answer)
+    return await from_audit(key, topology, bootstrap=bootstrap)
+
+
+def _base(url: str) -> str:
+    return url if url.startswith("http") else f"http://{url}"
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    try:
+        async with session.get(url) as response:
+            if response.status != 200:
+                return None
+            data = await response.json()
+            return data if isinstance(data, dict) else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def _partitions(session: aiohttp.ClientSession, url: str) -> dict[str, list[int]]:
+    answer = await _get_json(session, f"{_base(url)}/partitions")
+    return dict(answer.get("partitions", {})) if answer else {}
+
+
+def _from_worker(key: str, url: str, answer: dict[str, Any]) -> Report:
+    entry = answer["entry"]
+    return Report(
+        key=key,
+        known=True,
+        where=f"worker {url}",
+        topic=answer["topic"],
+        partition=answer["partition"],
+        first_seen=entry["first_seen"],
+        offset=entry["offset"],
+        duplicates=entry["duplicates"],
+        conflicts=entry.get("conflicts", 0),
+        last_seen=entry["last_seen"],
+        command=entry["command"],
+        command_topic=entry["topic"],
+        expires_at=entry["expires_at"],
+    )
+
+
+async def from_audit(key: str, topology: Topology, *, bootstrap: str, idle: float = 1.0) -> Report:
+    """Rebuild what is known about ``key`` from its audit partition (every delivery is there)."""
+    audit = topology.topics.audit
+    count = await partition_count(bootstrap, audit)
+    report = Report(key=key, where=f"audit topic {audit}")
+    if not count:
+        return report
+    tp = TopicPartition(audit, owner_partition(key.encode(), count))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+    )
+    await consumer.start()
+    await asyncio.sleep(0)  # let aiokafka's coordinator task start before any stop()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        last_data = time.monotonic()
+        while await consumer.position(tp) < end and time.monotonic() - last_data < idle + 5:
+            batch = await consumer.getmany(tp, timeout_ms=200)
+            for record in batch.get(tp, []):
+                last_data = time.monotonic()
+                if record.key == key.encode():
+                    report.deliveries.append(orjson.loads(record.value))
+    finally:
+        await consumer.stop()
+    _summarise(report)
+    return report
+
+
+def _summarise(report: Report) -> None:
+    firsts = [d for d in report.deliveries if d.get("outcome") == "first"]
+    if not firsts:
+        return
+    first = firsts[-1]
+    later = [d for d in report.deliveries if d.get("outcome") in {"duplicate", "conflict"} and d is not first]
+    report.known = True
+    report.topic = "effects" if first.get("stage") == "effect" else "input"
+    report.partition = first.get("partition")
+    report.offset = first.get("offset")
+    report.first_seen = first.get("first_seen_at")
+    report.duplicates = len(later)
+    report.conflicts = sum(1 for d in later if d.get("outcome") == "conflict")
+    report.last_seen = max((d.get("received_at") or 0 for d in later), default=None)
+    report.command = first.get("command")
+    report.expires_at = first.get("expires_at")

@@ -1,0 +1,75 @@
+"""The worker's small HTTP endpoint: ``/metrics``, ``/healthz``, ``/partitions`` and ``/keys/{key}``.
+
+``/keys/{key}`` answers from the seen-set of the partition that owns the key,
+when this worker owns it (for an event key, the input partition; for an
+effect key, the effects partition): that is what ``pipeline inspect`` asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from pipeline.dedupe import Entry
+from pipeline.store import PartitionStore
+
+# (topic, partition) -> store, for the partitions this worker owns now
+Stores = Callable[[], Mapping[tuple[str, int], PartitionStore]]
+Owner = Callable[[str, bytes], int]  # (topic, key) -> partition
+
+
+def build_app(
+    stores: Stores, owner: Owner, topics: list[str], registry: CollectorRegistry
+) -> web.Application:
+    """The aiohttp application of a worker."""
+
+    async def metrics(_request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def partitions(_request: web.Request) -> web.Response:
+        owned: dict[str, list[int]] = {}
+        for topic, partition in sorted(stores()):
+            owned.setdefault(topic, []).append(partition)
+        return web.json_response({"partitions": owned})
+
+    async def key(request: web.Request) -> web.Response:
+        name = request.match_info["key"]
+        raw = name.encode()
+        current = stores()
+        for topic in topics:
+            partition = owner(topic, raw)
+            store = current.get((topic, partition))
+            if store is None:
+                continue
+            found = store.get_many([raw]).get(raw)
+            return web.json_response(describe(name, topic, partition, found))
+        return web.json_response({"key": name, "owned": False}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/partitions", partitions)
+    app.router.add_get("/keys/{key}", key)
+    return app
+
+
+def describe(key: str, topic: str, partition: int, entry: Entry | None) -> dict[str, Any]:
+    """What a worker says about a key it owns."""
+    answer: dict[str, Any] = {
+        "key": key,
+        "owned": True,
+        "topic": topic,
+        "partition": partition,
+        "known": entry is not None,
+    }
+    if entry is not None:
+        answer["entry"] = asdict(entry)
+    return answer

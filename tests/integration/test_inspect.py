@@ -1,0 +1,108 @@
+"""``pipeline inspect`` reports first sight, duplicates, command and expiry, from the owning worker or the audit."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from pipeline.kafka import owner_partition
+from tests.integration.harness import ROOT, Env, wait_for_audit
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+MakeEnv = Callable[..., Any]
+DAY_MS = 86_400_000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _inspect(env: Env, key: str, workers: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "inspect",
+            key,
+            "--json",
+            "--bootstrap",
+            env.bootstrap,
+            "--topology",
+            str(env.topology_path),
+            "--workers",
+            workers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode in (0, 3), result.stderr
+    return dict(orjson.loads(result.stdout))
+
+
+async def _owned(port: int) -> dict[str, list[int]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/partitions") as response,
+    ):
+        return dict((await response.json())["partitions"])
+
+
+async def test_inspect_asks_the_worker_that_owns_the_key_and_falls_back_to_the_audit(
+    pipeline_env: MakeEnv,
+) -> None:
+    """With two workers, each key is answered by its owner; without workers the audit gives the same story."""
+    env: Env = await pipeline_env(partitions=4)
+    ports = [_free_port(), _free_port()]
+    env.start_worker("a", "--metrics-port", str(ports[0]))
+    env.start_worker("b", "--metrics-port", str(ports[1]))
+    ids = [f"evt_{i}" for i in range(40)]
+    now = int(time.time() * 1000)
+    await env.produce_stripe(ids, timestamp_ms=now)
+    await env.produce_stripe(ids[:10], timestamp_ms=now + 1000)
+    await env.produce_stripe(ids[:5], timestamp_ms=now + 2000)
+    await wait_for_audit(env, 55)
+    deadline = time.monotonic() + 30
+    owned = [await _owned(p) for p in ports]
+    while time.monotonic() < deadline and not all(o.get(env.topo.topics.input) for o in owned):
+        await asyncio.sleep(0.5)  # wait for the group to settle with both workers owning partitions
+        owned = [await _owned(p) for p in ports]
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+
+    for index, port in enumerate(ports):
+        mine = set(owned[index][env.topo.topics.input])
+        key = next(f"stripe:{e}" for e in ids[:5] if owner_partition(f"stripe:{e}".encode(), 4) in mine)
+        report = _inspect(env, key, workers)
+        assert report["known"]
+        assert report["where"] == f"worker 127.0.0.1:{port}"
+        assert report["partition"] == owner_partition(key.encode(), 4)
+        assert report["duplicates"] == 2
+        assert report["first_seen"] == now
+        assert report["last_seen"] == now + 2000
+        assert report["command"] == "handle"
+        assert report["command_topic"] == env.topo.topics.commands
+        assert report["expires_at"] == now + 7 * DAY_MS
+
+        from_audit = _inspect(env, key, "")
+        assert from_audit["where"].startswith("audit topic")
+        assert from_audit["duplicates"] == 2
+        assert from_audit["first_seen"] == now
+        assert from_audit["expires_at"] == now + 7 * DAY_MS
+
+    unknown = _inspect(env, "stripe:evt_never", workers)
+    assert unknown["known"] is False
