@@ -178,13 +178,23 @@ async def test_a_copy_with_a_different_body_is_a_conflict_not_a_second_command(p
     """Same key, different body: audited as conflict and not processed; a changed pending_webhooks is no conflict."""
     env: Env = await pipeline_env()
     key = b"stripe:evt_conflict"
-    first = orjson.dumps({"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 1, "amount": 100})
-    retry = orjson.dumps({"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 2, "amount": 100})
-    other = orjson.dumps({"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 1, "amount": 999})
+    first = orjson.dumps(
+        {"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 1, "amount": 100}
+    )
+    retry = orjson.dumps(
+        {"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 2, "amount": 100}
+    )
+    other = orjson.dumps(
+        {"id": "evt_conflict", "type": "charge.succeeded", "pending_webhooks": 1, "amount": 999}
+    )
     stripe = [("source", b"stripe")]
     await env.produce([(key, body, stripe, None, None) for body in (first, retry, other)])
     env.start_worker("w1")
     audit = await wait_for_audit(env, 3)
-    assert sorted((a["offset"], a["outcome"]) for a in audit) == [(0, "first"), (1, "duplicate"), (2, "conflict")]
+    assert sorted((a["offset"], a["outcome"]) for a in audit) == [
+        (0, "first"),
+        (1, "duplicate"),
+        (2, "conflict"),
+    ]
     commands = await read_committed(env.bootstrap, env.topo.topics.commands)
     assert command_counts(commands) == Counter({"stripe:evt_conflict": 1})
