@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
@@ -224,6 +224,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(handler=_cmd_worker)
 
+    _add_service_commands(commands)
+    _add_tool_commands(commands)
+    return parser
+
+
+def _add_service_commands(commands: Any) -> None:
+    """``ingress`` and ``up``."""
+    ingress = commands.add_parser("ingress", help="run the HTTP ingress: POST /webhooks/{source}")
+    _common(ingress)
+    ingress.add_argument(
+        "--host", default=_env("PIPELINE_INGRESS_HOST", "127.0.0.1"), help="default %(default)s"
+    )
+    ingress.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("PIPELINE_INGRESS_PORT", "8080") or 8080),
+        help="default %(default)s",
+    )
+    ingress.add_argument("--max-body-bytes", type=int, default=1024 * 1024, help="larger bodies get 413")
+    ingress.add_argument(
+        "--produce-timeout", type=float, default=5.0, help="seconds to wait for the broker's ack before 503"
+    )
+    ingress.add_argument(
+        "--trust-forwarded",
+        action="store_true",
+        help="use X-Forwarded-Proto/Host for signed URLs (behind a proxy)",
+    )
+    ingress.set_defaults(handler=_cmd_ingress)
+
     up = commands.add_parser(
         "up", help="run everything on this machine (starts a local Kafka unless --bootstrap)"
     )
@@ -241,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(handler=_cmd_up)
 
+
+def _add_tool_commands(commands: Any) -> None:
+    """``inspect``, ``tail`` and ``produce``."""
     inspect = commands.add_parser(
         "inspect", help="what the pipeline knows about an event key or an effect key"
     )
@@ -267,7 +299,6 @@ def build_parser() -> argparse.ArgumentParser:
     _common(produce)
     produce.add_argument("file")
     produce.set_defaults(handler=_cmd_produce)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ partition, one transaction per batch with the changelog, audit and offsets.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.codec import Delivery, audit_value, dlq_value, parse_json_object
 from pipeline.dedupe import Outcome, decide
+from pipeline.metrics import NullRecorder, Recorder
 from pipeline.processor import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics
 from pipeline.topology import Topology
 
@@ -36,13 +37,13 @@ class EffectProcessor:
         topology: Topology,
         checkpoint: PartitionCheckpoint,
         outputs: OutputTopics,
-        on_outcome: Callable[[str | None, str], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.tp = tp
         self.topology = topology
         self.checkpoint = checkpoint
         self.outputs = outputs
-        self.on_outcome = on_outcome or (lambda _source, _outcome: None)
+        self.recorder: Recorder = recorder or NullRecorder()
 
     async def handle(self, records: Sequence[Any]) -> None:
         """Process effect records into the open transaction."""
@@ -82,6 +83,7 @@ class EffectProcessor:
         entry = decision.entry
         ckpt.stage(key, entry, decision.previous)
         if decision.outcome is Outcome.FIRST:
+            self.recorder.command(topic)
             await ckpt.emit(
                 topic,
                 self.outputs.partition_for(topic, key),
@@ -119,7 +121,7 @@ class EffectProcessor:
             command.get("key"),
             decision.outcome.value,
         )
-        self.on_outcome(command.get("source"), f"effect-{decision.outcome.value}")
+        self.recorder.outcome(command.get("source"), f"effect-{decision.outcome.value}")
 
     async def _invalid(self, delivery: Delivery) -> None:
         dlq = self.topology.topics.dlq
@@ -131,4 +133,5 @@ class EffectProcessor:
             value=dlq_value(delivery, error=error, reason="bad-effect-record"),
             timestamp=delivery.timestamp,
         )
+        self.recorder.dlq("bad-effect-record")
         log.warning("%s offset=%s to the DLQ: %s", self.tp, delivery.offset, error)

@@ -3,8 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Recorder(Protocol):
+    """What the processors report as they decide (metrics, or nothing in unit tests)."""
+
+    def outcome(self, source: str | None, outcome: str) -> None: ...
+    def command(self, topic: str) -> None: ...
+    def dlq(self, reason: str) -> None: ...
+
+
+class NullRecorder:
+    """Records nothing."""
+
+    def outcome(self, source: str | None, outcome: str) -> None:
+        """Ignore an outcome."""
+
+    def command(self, topic: str) -> None:
+        """Ignore a command."""
+
+    def dlq(self, reason: str) -> None:
+        """Ignore a DLQ record."""
 
 
 @dataclass(frozen=True)
@@ -14,7 +36,7 @@ class WorkerMetrics:
     registry: CollectorRegistry
     events: Counter
     commands: Counter
-    dlq: Counter
+    dlq_records: Counter
     commit_seconds: Histogram
     batch_records: Histogram
     store_keys: Gauge
@@ -22,6 +44,8 @@ class WorkerMetrics:
     keys_expired: Counter
     restore_records: Counter
     partitions: Gauge
+    lag: Gauge
+    restore_remaining: Gauge
 
     @classmethod
     def create(cls) -> WorkerMetrics:
@@ -38,7 +62,7 @@ class WorkerMetrics:
             commands=Counter(
                 "pipeline_commands_total", "Commands emitted by topic", ["topic"], registry=registry
             ),
-            dlq=Counter(
+            dlq_records=Counter(
                 "pipeline_dlq_records_total",
                 "Records sent to the DLQ by reason",
                 ["reason"],
@@ -81,8 +105,28 @@ class WorkerMetrics:
                 "Input partitions this worker owns",
                 registry=registry,
             ),
+            lag=Gauge(
+                "pipeline_consumer_lag",
+                "Records behind the end of the partition",
+                ["topic", "partition"],
+                registry=registry,
+            ),
+            restore_remaining=Gauge(
+                "pipeline_restore_remaining_records",
+                "Changelog records left to replay per partition",
+                ["topic", "partition"],
+                registry=registry,
+            ),
         )
 
-    def serve(self, port: int) -> None:
-        """Expose ``/metrics`` on ``port``."""
-        start_http_server(port, registry=self.registry)
+    def outcome(self, source: str | None, outcome: str) -> None:
+        """Count one input record's outcome."""
+        self.events.labels(source or "unknown", outcome).inc()
+
+    def command(self, topic: str) -> None:
+        """Count one command emitted to ``topic``."""
+        self.commands.labels(topic).inc()
+
+    def dlq(self, reason: str) -> None:
+        """Count one DLQ record."""
+        self.dlq_records.labels(reason).inc()

@@ -13,6 +13,7 @@ from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.classify import Accepted, Classifier, Invalid, Reroute
 from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
 from pipeline.dedupe import Outcome, decide, fingerprint
+from pipeline.metrics import NullRecorder, Recorder
 from pipeline.topology import Expiry, Route, Topology
 
 log = logging.getLogger(__name__)
@@ -72,14 +73,14 @@ class PartitionProcessor:
         classifier: Classifier,
         checkpoint: PartitionCheckpoint,
         outputs: OutputTopics,
-        on_outcome: Callable[[str | None, str], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.tp = tp
         self.topology = topology
         self.classifier = classifier
         self.checkpoint = checkpoint
         self.outputs = outputs
-        self.on_outcome = on_outcome or (lambda _source, _outcome: None)
+        self.recorder: Recorder = recorder or NullRecorder()
 
     async def handle(self, records: Sequence[Any]) -> None:
         """Process consumer records of this partition into the open transaction."""
@@ -160,7 +161,7 @@ class PartitionProcessor:
             extra=extra,
         )
         log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, decision.outcome)
-        self.on_outcome(source.name, decision.outcome.value)
+        self.recorder.outcome(source.name, decision.outcome.value)
 
     async def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
         """Emit the command: to its topic, or to the effect stage when the route names an effect key."""
@@ -184,6 +185,8 @@ class PartitionProcessor:
                 (COMMAND_TOPIC_HEADER, topic.encode()),
             ]
         key = effect_key.encode()
+        if target.effect_key is None:
+            self.recorder.command(topic)
         await self.checkpoint.emit(
             out_topic,
             self.outputs.partition_for(out_topic, key),
@@ -219,7 +222,7 @@ class PartitionProcessor:
             delivery.offset,
             item.partition,
         )
-        self.on_outcome(item.source, Outcome.REROUTED.value)
+        self.recorder.outcome(item.source, Outcome.REROUTED.value)
 
     async def _invalid(self, delivery: Delivery, item: Invalid) -> None:
         dlq = self.topology.topics.dlq
@@ -238,6 +241,7 @@ class PartitionProcessor:
             source=item.source,
             reason=item.reason,
         )
+        self.recorder.dlq(item.reason)
         log.warning(
             "%s key=%s offset=%s to the DLQ: %s (%s)",
             self.tp,
@@ -246,7 +250,7 @@ class PartitionProcessor:
             item.error,
             item.reason,
         )
-        self.on_outcome(item.source, Outcome.INVALID.value)
+        self.recorder.outcome(item.source, Outcome.INVALID.value)
 
     async def _audit(
         self,

@@ -6,6 +6,7 @@ import logging
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import Gauge
 
 from pipeline.dedupe import Entry
 from pipeline.store import PartitionStore
@@ -19,6 +20,7 @@ async def restore(
     *,
     bootstrap: str,
     progress_every: float = 5.0,
+    remaining: Gauge | None = None,  # set to the records left to replay
 ) -> int:
     """Replay ``changelog`` from the store's offset to its end; return the records applied.
 
@@ -64,22 +66,26 @@ async def restore(
             changes = {key: (entry, previous.get(key)) for key, entry in latest.items()}
             store.write(changes, changelog_offset=records[-1].offset, stream_time=stream_time)
             applied += len(records)
+            if remaining is not None:
+                remaining.set(max(end - position, 0))
             now = time.monotonic()
             if now - last_report >= progress_every:
                 last_report = now
                 rate = applied / max(now - started, 1e-6)
-                remaining = max(end - position, 0)
+                left = max(end - position, 0)
                 log.info(
                     "restore %s: %s/%s records, %.0f records/s, ETA %.0fs",
                     changelog,
                     position - start,
                     total,
                     rate,
-                    remaining / max(rate, 1e-6),
+                    left / max(rate, 1e-6),
                 )
         elapsed = time.monotonic() - started
         log.info("restore %s: done, %s records in %.1fs", changelog, applied, elapsed)
         store.expire()
+        if remaining is not None:
+            remaining.set(0)
         return applied
     finally:
         await consumer.stop()

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 STORE_LOCK_WAIT = 30.0
+DISK_MEASURE_EVERY = 10.0  # seconds between walks of a store's files
 MAX_BATCH_BYTES = 512 * 1024
 
 
@@ -50,6 +51,7 @@ class _Partition:
     processor: PartitionProcessor | EffectProcessor
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    disk_measured_at: float = 0.0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -207,6 +209,7 @@ class Worker:
                     return
             try:
                 await part.processor.handle(records)
+                self._observe_lag(tp, getattr(records[-1], "offset", 0))
             except PartitionFencedError:
                 await self._drop_fenced(part)
             except (KafkaError, TransactionFailedError) as exc:
@@ -214,6 +217,19 @@ class Worker:
                 log.warning("%s: batch failed (%r); aborting and redoing from offset %s", tp, exc, start)
                 await part.checkpoint.abort()
                 self._require(self._consumer).seek(tp, min(start, first))
+
+    def _observe_lag(self, tp: TopicPartition, last_offset: int) -> None:
+        highwater = self._require(self._consumer).highwater(tp)
+        if highwater is not None:
+            self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - last_offset - 1, 0))
+
+    def _observe_store(self, part: _Partition) -> None:
+        labels = f"{part.tp.topic}-{part.tp.partition}"
+        self.metrics.store_keys.labels(labels).set(part.store.key_count())
+        now = time.monotonic()
+        if now - part.disk_measured_at > DISK_MEASURE_EVERY:
+            part.disk_measured_at = now
+            self.metrics.store_bytes.labels(labels).set(part.store.disk_bytes())
 
     async def _commit_due(self, *, force: bool) -> None:
         interval, size = self.settings.commit_interval, self.settings.max_batch
@@ -246,6 +262,7 @@ class Worker:
             expired = part.store.expire()
             if expired:
                 self.metrics.keys_expired.inc(expired)
+            self._observe_store(part)
 
     async def _drop_fenced(self, part: _Partition) -> None:
         log.warning("%s: fenced by a newer owner; dropping the partition", part.tp)
@@ -349,7 +366,7 @@ class Worker:
                 classifier=self._require(self._classifier),
                 checkpoint=checkpoint,
                 outputs=self._require(self._outputs),
-                on_outcome=self._count,
+                recorder=self.metrics,
             )
         else:
             processor = EffectProcessor(
@@ -357,7 +374,7 @@ class Worker:
                 topology=self.topology,
                 checkpoint=checkpoint,
                 outputs=self._require(self._outputs),
-                on_outcome=self._count,
+                recorder=self.metrics,
             )
         return _Partition(tp, store, producer, checkpoint, processor)
 
@@ -374,9 +391,6 @@ class Worker:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-
-    def _count(self, source: str | None, outcome: str) -> None:
-        self.metrics.events.labels(source or "unknown", outcome).inc()
 
     @staticmethod
     def _require(value: _T | None) -> _T:

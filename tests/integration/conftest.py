@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import Env, write_topology
+from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401  (fixtures for this directory)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from aiokafka import AIOKafkaProducer
 from pipeline.downstream import Command, apply_once, apply_once_async, ensure_schema, ensure_schema_async
 from tests.conftest import TopicFactory
 from tests.integration.harness import read_committed
-from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401
 
 pytestmark = pytest.mark.broker
 
@@ -166,7 +165,7 @@ def count_effects(cursor: psycopg.Cursor[Any], command: Command) -> None:
     )
 
 
-def test_apply_once_applies_each_effect_key_once(postgres_db: str, unique: Callable[[str], str]) -> None:  # noqa: F811
+def test_apply_once_applies_each_effect_key_once(postgres_db: str, unique: Callable[[str], str]) -> None:
     """Repeats and commands sharing an effect key are not applied again; a failed apply leaves no claim."""
     scenario, _ = make_scenario("unused", unique("t").rsplit("-", 1)[1])
     with psycopg.connect(postgres_db) as conn, psycopg.connect(postgres_db) as other:
@@ -207,7 +206,7 @@ def test_apply_once_applies_each_effect_key_once(postgres_db: str, unique: Calla
     assert applied == expected
 
 
-async def test_apply_once_async(postgres_db: str, unique: Callable[[str], str]) -> None:  # noqa: F811
+async def test_apply_once_async(postgres_db: str, unique: Callable[[str], str]) -> None:
     """The async variant claims and applies in one transaction, once per effect key."""
     scenario, _ = make_scenario("unused", unique("t").rsplit("-", 1)[1])
 
@@ -233,7 +232,7 @@ async def test_apply_once_async(postgres_db: str, unique: Callable[[str], str]) 
 async def test_postgres_orders_applies_once_across_a_replay(
     bootstrap: str,
     scenario: Scenario,
-    postgres_db: str,  # noqa: F811
+    postgres_db: str,
     unique: Callable[[str], str],
 ) -> None:
     """The PostgreSQL example applies each effect once; a replay by a new group applies nothing."""

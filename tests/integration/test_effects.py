@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 
 from tests.integration.harness import ROOT, Env, read_committed, wait_for_audit
@@ -44,25 +47,19 @@ def stripe_event(event_id: str, event_type: str, obj: dict[str, Any]) -> bytes:
 
 def payment_events(index: int) -> list[tuple[str, bytes]]:
     """checkout.session.completed and payment_intent.succeeded for payment ``index``."""
-    pi = f"pi_{index}"
+    pi, order = f"pi_{index}", {"order_id": f"order_{index}"}
+    session = {"id": f"cs_{index}", "payment_intent": pi, "amount_total": 4200, "metadata": order}
+    intent = {"id": pi, "amount": 4200, "metadata": order}
     return [
-        (
-            f"evt_cs_{index}",
-            stripe_event(
-                f"evt_cs_{index}", "checkout.session.completed", {"id": f"cs_{index}", "payment_intent": pi}
-            ),
-        ),
-        (
-            f"evt_pi_{index}",
-            stripe_event(f"evt_pi_{index}", "payment_intent.succeeded", {"id": pi, "amount": 4200}),
-        ),
+        (f"evt_cs_{index}", stripe_event(f"evt_cs_{index}", "checkout.session.completed", session)),
+        (f"evt_pi_{index}", stripe_event(f"evt_pi_{index}", "payment_intent.succeeded", intent)),
     ]
 
 
 async def test_both_payment_events_delivered_repeatedly_fulfil_each_order_once(
-    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str], postgres_db: str
 ) -> None:
-    """Each payment's two event types, each delivered 2-3 times, with a SIGKILL mid-stream: one fulfil-order each."""
+    """Each payment's two events, delivered 2-3 times, a SIGKILL mid-stream: one fulfil-order and one row each."""
     app = unique("shop")
     env = Env(bootstrap, fulfilment_topology(tmp_path / "shop.toml", app), tmp_path, f"{app}-group")
     await env.create_topics()
@@ -107,3 +104,31 @@ async def test_both_payment_events_delivered_repeatedly_fulfil_each_order_once(
     stages = Counter(a.get("stage", "event") for a in audit)
     assert stages["event"] == len(stream)
     assert stages["effect"] == 2 * payments + 2
+
+    for run in range(2):  # the second run replays the topic from the start: nothing changes
+        applied = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "postgres_orders.py"),
+                "--bootstrap",
+                bootstrap,
+                "--topic",
+                f"{app}.orders",
+                "--dsn",
+                postgres_db,
+                "--group",
+                unique(f"orders-{run}"),
+                "--max-idle",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr
+    with psycopg.connect(postgres_db) as conn:
+        rows = conn.execute("SELECT id, status FROM orders ORDER BY id").fetchall()
+        claims = conn.execute("SELECT count(*) FROM applied_commands").fetchone()
+    assert sorted(rows) == sorted((f"order_{i}", "fulfilled") for i in range(payments))
+    assert claims == (payments,)
