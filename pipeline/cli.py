@@ -121,6 +121,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         kafka_port=args.kafka_port,
         ingress_port=args.ingress_port,
         metrics_port=args.metrics_port,
+        demo=args.demo,
+        demo_events=args.demo_events,
     )
     return asyncio.run(_run_service(Up(settings)))
 
@@ -267,6 +269,12 @@ def _add_service_commands(commands: Any) -> None:
     up.add_argument("--ingress-port", type=int, default=8080, help="default %(default)s")
     up.add_argument(
         "--metrics-port", type=int, default=9100, help="worker metrics port (default %(default)s)"
+    )
+    up.add_argument(
+        "--demo", action="store_true", help="also send a demo stream of signed webhooks with duplicates"
+    )
+    up.add_argument(
+        "--demo-events", type=int, default=120, help="unique events in the demo (default %(default)s)"
     )
     up.set_defaults(handler=_cmd_up)
 

@@ -53,6 +53,8 @@ class UpSettings:
     ingress_port: int = 8080
     metrics_port: int = 9100
     group: str = "webhook-dedupe"
+    demo: bool = False
+    demo_events: int = 120
 
 
 @dataclass
@@ -63,6 +65,9 @@ class Up:
     out: Callable[[str], None] = print
     _services: list[Service] = field(default_factory=list)
     _started_broker: bool = False
+    _worker: Worker | None = None
+    _ingress: Ingress | None = None
+    _topology: Topology | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -112,11 +117,14 @@ class Up:
                 "Dev secrets   generated for unset variables (this process only): "
                 + ", ".join(sorted(generated))
             )
+        self._worker, self._ingress, self._topology = worker, ingress, topo
         self.out("Stop with Ctrl-C.")
 
     async def run(self) -> None:
         """Run the services until one ends or :meth:`stop` is called."""
         tasks = [asyncio.create_task(service.run()) for service in self._services]
+        if self.settings.demo:
+            tasks.append(asyncio.create_task(self._demo()))
         stopper = asyncio.create_task(self._stopping.wait())
         try:
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -130,6 +138,22 @@ class Up:
             stopper.cancel()
             if self._started_broker:
                 await self._stop_broker()
+
+    async def _demo(self) -> None:
+        from pipeline.demo import run_demo  # noqa: PLC0415
+
+        await asyncio.sleep(2.0)  # let the worker join its group
+        self.out("Demo: sending signed webhooks with retries, a redelivery and forgeries ...")
+        if self._worker is None or self._ingress is None or self._topology is None:
+            return
+        await run_demo(
+            self._topology,
+            f"http://127.0.0.1:{self._ingress.port}",
+            self._worker.metrics.registry,
+            events=self.settings.demo_events,
+        )
+        self.out("Demo done; the pipeline keeps running. Stop with Ctrl-C.")
+        await self._stopping.wait()
 
     def stop(self) -> None:
         """Ask everything to stop."""

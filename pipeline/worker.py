@@ -11,6 +11,7 @@ aborted) before the callback returns, and its producer and store are closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -223,6 +224,16 @@ class Worker:
         if highwater is not None:
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(highwater - last_offset - 1, 0))
 
+    def _forget_gauges(self, tp: TopicPartition) -> None:
+        """Stop reporting a partition this worker no longer owns."""
+        for gauge, labels in (
+            (self.metrics.lag, (tp.topic, str(tp.partition))),
+            (self.metrics.store_keys, (f"{tp.topic}-{tp.partition}",)),
+            (self.metrics.store_bytes, (f"{tp.topic}-{tp.partition}",)),
+        ):
+            with contextlib.suppress(KeyError):  # never reported
+                gauge.remove(*labels)
+
     def _observe_store(self, part: _Partition) -> None:
         labels = f"{part.tp.topic}-{part.tp.partition}"
         self.metrics.store_keys.labels(labels).set(part.store.key_count())
@@ -324,6 +335,7 @@ class Worker:
                 await part.checkpoint.abort()
             await part.producer.stop()
             part.store.close()
+            self._forget_gauges(part.tp)
             self.metrics.partitions.set(len(self._partitions))
             log.info("%s: closed", part.tp)
 

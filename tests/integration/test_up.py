@@ -110,3 +110,56 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
         subprocess.run(
             [str(ROOT / "deploy" / "kafka" / "kafka.sh"), "stop", str(kafka_port)], env=env, check=False
         )
+
+
+def test_up_demo_sends_signed_webhooks_and_every_duplicate_is_suppressed(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """up --demo streams retries, a redelivery and forgeries, and its summary checks out."""
+    app = unique("demo")
+    path = write_topology(tmp_path / "demo.toml", app, partitions=2)
+    path.write_text(
+        path.read_text()
+        .replace(
+            'provider = "stripe"\nverify = "none"', 'provider = "stripe"\nsecrets = ["DEMO_STRIPE_SECRET"]'
+        )
+        .replace(
+            'provider = "github"\nverify = "none"', 'provider = "github"\nsecrets = ["DEMO_GITHUB_SECRET"]'
+        )
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "up",
+            "--demo",
+            "--demo-events",
+            "30",
+            "--bootstrap",
+            bootstrap,
+            "--topology",
+            str(path),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--metrics-port",
+            str(_free_port()),
+            "--ingress-port",
+            str(_free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PIPELINE_LOG_LEVEL="WARNING"),
+    )
+    try:
+        output = _wait_for(process, "Demo done", timeout=120)
+        assert "Every duplicate was suppressed." in output, output
+        assert "MISMATCH" not in output
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
