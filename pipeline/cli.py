@@ -109,6 +109,20 @@ def _cmd_ingress(args: argparse.Namespace) -> int:
     return asyncio.run(_run_service(Ingress(settings, topo)))
 
 
+def _cmd_rescale(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.rescale import rescale  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    state = Path(args.state_file or f".state/rescale-{topo.app}-{args.group}.json")
+    print(f"rescaling {topo.topics.input} to {args.partitions} partitions (progress in {state})")
+    asyncio.run(rescale(args.bootstrap, topo, partitions=args.partitions, group=args.group, state_file=state))
+    print("done: start the workers (and restart the ingress) now")
+    return 0
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
@@ -300,6 +314,17 @@ def _add_tool_commands(commands: Any) -> None:
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
     tail.add_argument("--latest", action="store_true", help="start at the end instead of the beginning")
     tail.set_defaults(handler=_cmd_tail)
+
+    rescale = commands.add_parser("rescale", help="raise the partition count safely (workers stopped)")
+    _common(rescale)
+    rescale.add_argument("--partitions", type=int, required=True, help="the new partition count")
+    rescale.add_argument(
+        "--group", default=_env("PIPELINE_GROUP", "webhook-dedupe"), help="the workers' group"
+    )
+    rescale.add_argument(
+        "--state-file", default=None, help="progress file (default .state/rescale-<app>-<group>.json)"
+    )
+    rescale.set_defaults(handler=_cmd_rescale)
 
     produce = commands.add_parser(
         "produce", help="produce webhooks from a JSON-lines file ({source, headers, body})"
