@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections import Counter
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from pipeline.kafka import owner_partition
+from pipeline.providers.signing import sign
 from tests.integration.harness import Env, command_counts, read_committed, wait_for_audit, wrong_partition
 
 pytestmark = pytest.mark.broker
@@ -198,3 +200,42 @@ async def test_a_copy_with_a_different_body_is_a_conflict_not_a_second_command(p
     ]
     commands = await read_committed(env.bootstrap, env.topo.topics.commands)
     assert command_counts(commands) == Counter({"stripe:evt_conflict": 1})
+
+
+async def test_worker_side_verification_never_remembers_a_forgery(pipeline_env: MakeEnv) -> None:
+    """With verify = "worker", a forged copy goes to the DLQ first and the genuine event still gets its command."""
+    env: Env = await pipeline_env()
+    env.topology_path.write_text(
+        env.topology_path.read_text().replace(
+            'provider = "github"\nverify = "none"',
+            'provider = "github"\nverify = "worker"\nsecrets = ["WORKER_GH_SECRET"]',
+        )
+    )
+    secret = "gh-worker-secret"
+    body = orjson.dumps({"ref": "refs/heads/main", "after": "abc"})
+    received = int(time.time() * 1000)
+
+    def record(signing_secret: str) -> tuple[bytes, bytes, list[tuple[str, bytes]], None, int]:
+        signed = sign(
+            "github", body, signing_secret, timestamp=received / 1000, msg_id="delivery-1", event_type="push"
+        )
+        headers = [("source", b"github"), ("received-at", str(received).encode())]
+        headers += [(f"http-{name.lower()}", value.encode()) for name, value in signed.items()]
+        return (b"github:delivery-1", body, headers, None, received)
+
+    await env.produce([record("forged-secret"), record(secret), record(secret)])
+    os.environ["WORKER_GH_SECRET"] = secret
+    try:
+        env.start_worker("w1")
+        audit = await wait_for_audit(env, 3)
+    finally:
+        del os.environ["WORKER_GH_SECRET"]
+    assert sorted((a["offset"], a["outcome"]) for a in audit) == [
+        (0, "invalid"),
+        (1, "first"),
+        (2, "duplicate"),
+    ]
+    dlq = [orjson.loads(r.value) for r in await read_committed(env.bootstrap, env.topo.topics.dlq)]
+    assert [d["reason"] for d in dlq] == ["bad-signature"]
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    assert command_counts(commands) == Counter({"github:delivery-1": 1})
