@@ -51,6 +51,14 @@ class Delivery:
         decoded = {name.lower(): raw.decode("utf-8", "replace") for name, raw in headers if raw is not None}
         return cls(topic, partition, offset, timestamp, key, value or b"", tuple(headers), decoded)
 
+    @classmethod
+    def from_records(cls, records: Sequence[Any]) -> list[Delivery]:
+        """Build from aiokafka ``ConsumerRecord`` objects."""
+        return [
+            cls.from_record(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers or ())
+            for r in records
+        ]
+
     @property
     def source(self) -> str | None:
         """The ``source`` header, if any."""

@@ -49,10 +49,7 @@ class EffectProcessor:
         """Process effect records into the open transaction."""
         ckpt = self.checkpoint
         await ckpt.begin()
-        deliveries = [
-            Delivery.from_record(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers or ())
-            for r in records
-        ]
+        deliveries = Delivery.from_records(records)
         keys = [d.key for d in deliveries if d.key]
         known = ckpt.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
         for delivery in deliveries:

@@ -86,10 +86,7 @@ class PartitionProcessor:
         """Process consumer records of this partition into the open transaction."""
         ckpt = self.checkpoint
         await ckpt.begin()
-        deliveries = [
-            Delivery.from_record(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers or ())
-            for r in records
-        ]
+        deliveries = Delivery.from_records(records)
         classified = [self.classifier.classify(d) for d in deliveries]
         keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
         known = ckpt.lookup(list(dict.fromkeys(keys)))
