@@ -62,6 +62,7 @@ class PartitionCheckpoint:
         self.changelog = changelog
         self._staged: dict[bytes, tuple[Entry, Entry | None]] = {}
         self._batches: dict[tuple[str, int], Any] = {}
+        self._full: list[tuple[tuple[str, int], Any]] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._changelog_sent: list[tuple[asyncio.Future[Any], int]] = []
         self.in_transaction = False
@@ -111,7 +112,7 @@ class PartitionCheckpoint:
         self.records += 1
         self.stream_time = max(self.stream_time, timestamp)
 
-    async def emit(
+    def emit(
         self,
         topic: str,
         partition: int,
@@ -121,19 +122,24 @@ class PartitionCheckpoint:
         timestamp: int,
         headers: Sequence[Header] = (),
     ) -> None:
-        """Append a record to the open transaction (batched per topic-partition)."""
+        """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`)."""
         slot = (topic, partition)
         batch = self._batches.get(slot)
         if batch is None:
             batch = self._batches[slot] = self.producer.create_batch()
         if batch.append(key=key, value=value, timestamp=timestamp, headers=list(headers)) is None:
-            await self._send(slot)
+            self._full.append((slot, batch))
             batch = self._batches[slot] = self.producer.create_batch()
             if batch.append(key=key, value=value, timestamp=timestamp, headers=list(headers)) is None:
                 raise PipelineError(f"a record of {len(value)} bytes does not fit in one batch for {topic}")
 
-    async def _send(self, slot: tuple[str, int]) -> None:
-        batch = self._batches.pop(slot)
+    async def drain(self) -> None:
+        """Hand the full batches to the producer (in the order they filled)."""
+        full, self._full = self._full, []
+        for slot, batch in full:
+            await self._send(slot, batch)
+
+    async def _send(self, slot: tuple[str, int], batch: Any) -> None:
         count = batch.record_count()
         if count == 0:
             return
@@ -143,8 +149,9 @@ class PartitionCheckpoint:
             self._changelog_sent.append((future, count))
 
     async def _flush(self) -> None:
+        await self.drain()
         for slot in list(self._batches):
-            await self._send(slot)
+            await self._send(slot, self._batches.pop(slot))
         if self._futures:
             await asyncio.gather(*self._futures)
 
@@ -196,9 +203,10 @@ class PartitionCheckpoint:
         self._reset()
 
     def _reset(self) -> None:
-        for batch in self._batches.values():
+        for batch in [*self._batches.values(), *(b for _, b in self._full)]:
             batch.close()
         self._batches.clear()
+        self._full.clear()
         self._futures.clear()
         self._changelog_sent.clear()
         self._staged.clear()

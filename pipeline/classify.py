@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline import providers
-from pipeline.codec import IDEMPOTENCY_KEY_HEADER, Delivery, parse_json_object
-from pipeline.errors import BodyError, InvalidRecordError, MissingKeyError, UnknownSourceError
+from pipeline.codec import IDEMPOTENCY_KEY_HEADER, Delivery
+from pipeline.errors import InvalidRecordError, MissingKeyError, UnknownSourceError
 from pipeline.providers.base import Provider
 from pipeline.topology import Source, Topology, Verify
 
@@ -108,9 +108,7 @@ class Classifier:
             return Reroute(key=key, partition=owner, source=source_name)
         if source.verify is Verify.WORKER:
             provider.verify(http, delivery.value, self._secrets[source_name], now=delivery.received_at / 1000)
-        event = parse_json_object(delivery.value)
-        if event is None:
-            raise BodyError("the body is not a JSON object")
+        event = providers.parse_body(delivery.value, source.provider)
         return Accepted(
             key=key,
             key_bytes=key_bytes,

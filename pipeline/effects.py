@@ -53,16 +53,17 @@ class EffectProcessor:
         keys = [d.key for d in deliveries if d.key]
         known = ckpt.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
         for delivery in deliveries:
-            await self._one(delivery, known)
+            self._one(delivery, known)
             ckpt.consumed(delivery.offset, delivery.timestamp)
+        await ckpt.drain()
 
-    async def _one(self, delivery: Delivery, known: dict[bytes, Any]) -> None:
+    def _one(self, delivery: Delivery, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
         command = parse_json_object(delivery.value)
         ttl = delivery.headers.get(EFFECT_TTL_HEADER, "")
         topic = delivery.headers.get(COMMAND_TOPIC_HEADER)
         if not delivery.key or command is None or not ttl.isdigit() or not topic:
-            await self._invalid(delivery)
+            self._invalid(delivery)
             return
         key = delivery.key
         effect_key = key.decode("utf-8", "replace")
@@ -81,14 +82,14 @@ class EffectProcessor:
         ckpt.stage(key, entry, decision.previous)
         if decision.outcome is Outcome.FIRST:
             self.recorder.command(topic)
-            await ckpt.emit(
+            ckpt.emit(
                 topic,
                 self.outputs.partition_for(topic, key),
                 key=key,
                 value=delivery.value,
                 timestamp=delivery.timestamp,
             )
-        await ckpt.emit(  # every state change, so a restored store has the counts too
+        ckpt.emit(  # every state change, so a restored store has the counts too
             ckpt.changelog.topic,
             ckpt.changelog.partition,
             key=key,
@@ -108,7 +109,7 @@ class EffectProcessor:
             expires_at=entry.expires_at,
             extra={"stage": "effect", "event_key": command.get("key"), "command": command.get("command")},
         )
-        await ckpt.emit(
+        ckpt.emit(
             audit, self.outputs.partition_for(audit, key), key=key, value=value, timestamp=delivery.timestamp
         )
         log.info(
@@ -120,10 +121,10 @@ class EffectProcessor:
         )
         self.recorder.outcome(command.get("source"), f"effect-{decision.outcome.value}")
 
-    async def _invalid(self, delivery: Delivery) -> None:
+    def _invalid(self, delivery: Delivery) -> None:
         dlq = self.topology.topics.dlq
         error = "an effects-topic record without key, command JSON, effect TTL or command topic"
-        await self.checkpoint.emit(
+        self.checkpoint.emit(
             dlq,
             delivery.partition % self.outputs.partitions[dlq],
             key=delivery.key,

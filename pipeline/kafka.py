@@ -30,6 +30,28 @@ def owner_partition(key: bytes, partitions: int) -> int:
     return int(murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+class KeyPartitioner:
+    """:func:`owner_partition` that hashes each key once.
+
+    A record's key is placed on the input, audit, command and changelog topics;
+    murmur2 in pure Python is the costliest step of that, so recent hashes are
+    kept (bounded; cleared when full).
+    """
+
+    def __init__(self, max_keys: int = 65_536) -> None:
+        self._hashes: dict[bytes, int] = {}
+        self._max_keys = max_keys
+
+    def __call__(self, key: bytes, partitions: int) -> int:
+        """The partition of ``key`` among ``partitions``."""
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self._max_keys:
+                self._hashes.clear()
+            hashed = self._hashes[key] = int(murmur2(key) & 0x7FFFFFFF)
+        return hashed % partitions
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     """A topic as the pipeline wants it."""
@@ -164,6 +186,7 @@ async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[s
 
 __all__ = [
     "KafkaError",
+    "KeyPartitioner",
     "TopicResult",
     "TopicSpec",
     "admin_client",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -46,6 +46,7 @@ class WorkerMetrics:
     partitions: Gauge
     lag: Gauge
     restore_remaining: Gauge
+    children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict)
 
     @classmethod
     def create(cls) -> WorkerMetrics:
@@ -121,12 +122,20 @@ class WorkerMetrics:
 
     def outcome(self, source: str | None, outcome: str) -> None:
         """Count one input record's outcome."""
-        self.events.labels(source or "unknown", outcome).inc()
+        self._child(self.events, (source or "unknown", outcome)).inc()
 
     def command(self, topic: str) -> None:
         """Count one command emitted to ``topic``."""
-        self.commands.labels(topic).inc()
+        self._child(self.commands, (topic,)).inc()
 
     def dlq(self, reason: str) -> None:
         """Count one DLQ record."""
-        self.dlq_records.labels(reason).inc()
+        self._child(self.dlq_records, (reason,)).inc()
+
+    def _child(self, metric: Counter, labels: tuple[str, ...]) -> Any:
+        """``metric.labels(*labels)``, remembered: ``labels()`` is costly on the per-record path."""
+        key = (id(metric), labels)  # the metrics live as long as this object
+        child = self.children.get(key)
+        if child is None:
+            child = self.children[key] = metric.labels(*labels)
+        return child

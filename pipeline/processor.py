@@ -92,14 +92,15 @@ class PartitionProcessor:
         known = ckpt.lookup(list(dict.fromkeys(keys)))
         for delivery, result in zip(deliveries, classified, strict=True):
             if isinstance(result, Accepted):
-                await self._accepted(delivery, result, known)
+                self._accepted(delivery, result, known)
             elif isinstance(result, Reroute):
-                await self._reroute(delivery, result)
+                self._reroute(delivery, result)
             else:
-                await self._invalid(delivery, result)
+                self._invalid(delivery, result)
             ckpt.consumed(delivery.offset, delivery.timestamp)
+        await ckpt.drain()
 
-    async def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
+    def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
         source = item.source
         route = self.topology.route(source.name, item.event_type)
@@ -107,7 +108,7 @@ class PartitionProcessor:
         if target is None:
             effect_path = route.effect_key if route else None
             error = f"the event has no value at effect_key {effect_path!r}"
-            await self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
+            self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
             return
         existing = ckpt.staged(item.key_bytes) or known.get(item.key_bytes)
         decision = decide(
@@ -124,8 +125,8 @@ class PartitionProcessor:
         entry = decision.entry
         ckpt.stage(item.key_bytes, entry, decision.previous)
         if decision.outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
-            await self._command(delivery, item, target)
-        await ckpt.emit(  # every state change, so a restored store has the counts too
+            self._command(delivery, item, target)
+        ckpt.emit(  # every state change, so a restored store has the counts too
             ckpt.changelog.topic,
             ckpt.changelog.partition,
             key=item.key_bytes,
@@ -147,7 +148,7 @@ class PartitionProcessor:
                 delivery.offset,
                 entry.offset,
             )
-        await self._audit(
+        self._audit(
             delivery,
             key=item.key,
             outcome=decision.outcome,
@@ -160,7 +161,7 @@ class PartitionProcessor:
         log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, decision.outcome)
         self.recorder.outcome(source.name, decision.outcome.value)
 
-    async def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
+    def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
         """Emit the command: to its topic, or to the effect stage when the route names an effect key."""
         command, topic = target.command or DEFAULT_COMMAND, target.topic or self.topology.topics.commands
         effect_key = target.effect_key or item.key
@@ -184,7 +185,7 @@ class PartitionProcessor:
         key = effect_key.encode()
         if target.effect_key is None:
             self.recorder.command(topic)
-        await self.checkpoint.emit(
+        self.checkpoint.emit(
             out_topic,
             self.outputs.partition_for(out_topic, key),
             key=key,
@@ -193,10 +194,10 @@ class PartitionProcessor:
             headers=headers,
         )
 
-    async def _reroute(self, delivery: Delivery, item: Reroute) -> None:
+    def _reroute(self, delivery: Delivery, item: Reroute) -> None:
         headers = [(n, v) for n, v in delivery.raw_headers if n.lower() != REROUTED_FROM_HEADER]
         headers.append((REROUTED_FROM_HEADER, f"{delivery.partition}:{delivery.offset}".encode()))
-        await self.checkpoint.emit(
+        self.checkpoint.emit(
             self.tp.topic,
             item.partition,
             key=item.key.encode(),
@@ -204,7 +205,7 @@ class PartitionProcessor:
             timestamp=delivery.timestamp,
             headers=headers,
         )
-        await self._audit(
+        self._audit(
             delivery,
             key=item.key,
             outcome=Outcome.REROUTED,
@@ -221,16 +222,16 @@ class PartitionProcessor:
         )
         self.recorder.outcome(item.source, Outcome.REROUTED.value)
 
-    async def _invalid(self, delivery: Delivery, item: Invalid) -> None:
+    def _invalid(self, delivery: Delivery, item: Invalid) -> None:
         dlq = self.topology.topics.dlq
-        await self.checkpoint.emit(
+        self.checkpoint.emit(
             dlq,
             delivery.partition % self.outputs.partitions[dlq],
             key=delivery.key,
             value=dlq_value(delivery, error=item.error, reason=item.reason),
             timestamp=delivery.timestamp,
         )
-        await self._audit(
+        self._audit(
             delivery,
             key=item.key,
             outcome=Outcome.INVALID,
@@ -249,7 +250,7 @@ class PartitionProcessor:
         )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
 
-    async def _audit(
+    def _audit(
         self,
         delivery: Delivery,
         *,
@@ -282,4 +283,4 @@ class PartitionProcessor:
             reason=reason,
             extra=extra,
         )
-        await self.checkpoint.emit(audit, partition, key=key_bytes, value=value, timestamp=delivery.timestamp)
+        self.checkpoint.emit(audit, partition, key=key_bytes, value=value, timestamp=delivery.timestamp)

@@ -28,7 +28,7 @@ from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
 from pipeline.effects import EffectProcessor
 from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreCorruptError, StoreError
-from pipeline.kafka import owner_partition, partition_count
+from pipeline.kafka import KeyPartitioner, owner_partition, partition_count
 from pipeline.metrics import WorkerMetrics
 from pipeline.processor import OutputTopics, PartitionProcessor
 from pipeline.restore import restore
@@ -52,6 +52,7 @@ class _Partition:
     processor: PartitionProcessor | EffectProcessor
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    committing: bool = False
     disk_measured_at: float = 0.0
 
 
@@ -81,6 +82,7 @@ class Worker:
         self._outputs: OutputTopics | None = None
         self._classifier: Classifier | None = None
         self._http: web.AppRunner | None = None
+        self._commits: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -124,8 +126,9 @@ class Worker:
                     f"changelog {changelog} has {counts[changelog]} partitions but {source} "
                     f"has {counts[source]}: they must match"
                 )
-        self._outputs = OutputTopics(counts, owner_partition)
-        self._classifier = Classifier(self.topology, owner_partition, input_partitions=counts[topics.input])
+        partitioner = KeyPartitioner()
+        self._outputs = OutputTopics(counts, partitioner)
+        self._classifier = Classifier(self.topology, partitioner, input_partitions=counts[topics.input])
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if self.settings.metrics_port is not None:
             await self._serve_http(self.settings.metrics_port, counts)
@@ -176,8 +179,10 @@ class Worker:
                 )
                 for tp, records in batches.items():
                     await self._handle(tp, records)
-                await self._commit_due(force=False)
+                self._commit_due()
         finally:
+            if self._commits:
+                await asyncio.gather(*self._commits, return_exceptions=True)
             await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -242,45 +247,66 @@ class Worker:
             part.disk_measured_at = now
             self.metrics.store_bytes.labels(labels).set(part.store.disk_bytes())
 
-    async def _commit_due(self, *, force: bool) -> None:
+    def _commit_due(self) -> None:
+        """Commit each partition whose transaction is due, in the background.
+
+        The loop keeps fetching and handling the other partitions meanwhile; a
+        committing partition is paused, so none of its records is handled
+        until its commit is done (and its lock serialises the rest).
+        """
         interval, size = self.settings.commit_interval, self.settings.max_batch
-        due = [
-            p
-            for p in self._partitions.values()
-            if force or p.checkpoint.due(interval=interval, max_records=size)
-        ]
-        if due:
-            await asyncio.gather(*(self._commit(p) for p in due))
+        consumer = self._require(self._consumer)
+        assigned = consumer.assignment()
+        for part in list(self._partitions.values()):
+            if part.committing or not part.checkpoint.due(interval=interval, max_records=size):
+                continue
+            part.committing = True
+            if part.tp in assigned:
+                consumer.pause(part.tp)
+            task = asyncio.create_task(self._commit(part))
+            self._commits.add(task)
+            task.add_done_callback(self._commits.discard)
 
     async def _commit(self, part: _Partition) -> None:
-        async with part.lock:
-            if part.closed or not part.checkpoint.in_transaction:
-                return
-            start = part.checkpoint.first_offset
-            began = time.perf_counter()
-            try:
-                records = await part.checkpoint.commit()
-            except PartitionFencedError:
-                await self._drop_fenced(part)
-                return
-            except TransactionFailedError as exc:
-                log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
-                if start is not None:
-                    self._require(self._consumer).seek(part.tp, start)
-                return
-            self.metrics.commit_seconds.observe(time.perf_counter() - began)
-            self.metrics.batch_records.observe(records)
-            expired = part.store.expire()
-            if expired:
-                self.metrics.keys_expired.inc(expired)
-            self._observe_store(part)
+        consumer = self._require(self._consumer)
+        try:
+            async with part.lock:
+                await self._commit_locked(part)
+        finally:
+            part.committing = False
+            if not part.closed and part.tp in consumer.assignment():
+                consumer.resume(part.tp)
+
+    async def _commit_locked(self, part: _Partition) -> None:
+        """Commit ``part``'s transaction; the caller holds its lock."""
+        if part.closed or not part.checkpoint.in_transaction:
+            return
+        start = part.checkpoint.first_offset
+        began = time.perf_counter()
+        try:
+            records = await part.checkpoint.commit()
+        except PartitionFencedError:
+            await self._drop_fenced(part)
+            return
+        except TransactionFailedError as exc:
+            log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
+            if start is not None:
+                self._require(self._consumer).seek(part.tp, start)
+            return
+        self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        self.metrics.batch_records.observe(records)
+        expired = part.store.expire()
+        if expired:
+            self.metrics.keys_expired.inc(expired)
+        self._observe_store(part)
 
     async def _drop_fenced(self, part: _Partition) -> None:
+        """Drop a partition another owner took over; the caller holds its lock."""
         log.warning("%s: fenced by a newer owner; dropping the partition", part.tp)
         consumer = self._require(self._consumer)
         if part.tp in consumer.assignment():
             consumer.pause(part.tp)
-        await self._close(part, commit=False)
+        await self._close_locked(part, commit=False)
 
     # -- rebalances ----------------------------------------------------------------
     async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -322,22 +348,26 @@ class Worker:
 
     async def _close(self, part: _Partition, *, commit: bool) -> None:
         async with part.lock:
-            if part.closed:
-                return
-            part.closed = True
-            self._partitions.pop(part.tp, None)
-            if commit:
-                try:
-                    await part.checkpoint.commit()
-                except (PartitionFencedError, TransactionFailedError) as exc:
-                    log.warning("%s: could not commit on close: %s", part.tp, exc)
-            else:
-                await part.checkpoint.abort()
-            await part.producer.stop()
-            part.store.close()
-            self._forget_gauges(part.tp)
-            self.metrics.partitions.set(len(self._partitions))
-            log.info("%s: closed", part.tp)
+            await self._close_locked(part, commit=commit)
+
+    async def _close_locked(self, part: _Partition, *, commit: bool) -> None:
+        """Close ``part``; the caller holds its lock."""
+        if part.closed:
+            return
+        part.closed = True
+        self._partitions.pop(part.tp, None)
+        if commit:
+            try:
+                await part.checkpoint.commit()
+            except (PartitionFencedError, TransactionFailedError) as exc:
+                log.warning("%s: could not commit on close: %s", part.tp, exc)
+        else:
+            await part.checkpoint.abort()
+        await part.producer.stop()
+        part.store.close()
+        self._forget_gauges(part.tp)
+        self.metrics.partitions.set(len(self._partitions))
+        log.info("%s: closed", part.tp)
 
     async def _open(self, tp: TopicPartition) -> _Partition:
         topics = self.topology.topics

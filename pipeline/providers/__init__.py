@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 from pipeline.errors import ConfigError, UnknownProviderError
-from pipeline.providers import generic, presets
+from pipeline.providers import _body, generic, presets
 from pipeline.providers.base import Preset, Provider
 
 __all__ = ["Provider", "get", "names"]
@@ -38,6 +39,11 @@ _PRESETS: dict[str, Callable[..., Preset]] = {
     "sweego": presets.sweego,
     "webhooker": presets.webhooker,
 }
+
+
+def parse_body(body: bytes, provider: str) -> dict[str, Any]:
+    """A webhook body as a JSON object (parsed once per body); ``BodyError`` otherwise."""
+    return _body.parse_object(body, provider)
 
 
 def names() -> list[str]:

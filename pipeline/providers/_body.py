@@ -11,14 +11,28 @@ from pipeline.errors import BodyError, MissingKeyError
 _MISSING = object()
 
 
+class _LastParsed:
+    """The most recent body parsed, so one record's body is parsed once.
+
+    The worker asks for the same body's key, type and contents in turn; the
+    parsed document is treated as read-only by every caller.
+    """
+
+    body: bytes | None = None
+    document: dict[str, Any] | None = None
+
+
 def parse_object(body: bytes, provider: str) -> dict[str, Any]:
     """The body as a JSON object; BodyError when it is not JSON or not an object."""
+    if body is _LastParsed.body and _LastParsed.document is not None:
+        return _LastParsed.document
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BodyError(f"{provider} body is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise BodyError(f"{provider} body is JSON but not an object (got {type(parsed).__name__})")
+    _LastParsed.body, _LastParsed.document = body, parsed
     return parsed
 
 
