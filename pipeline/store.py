@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from pipeline.dedupe import Entry
 from pipeline.errors import StoreCorruptError, StoreError
@@ -46,10 +46,27 @@ def bucket_width(max_ttl_ms: int) -> int:
     return max(MIN_BUCKET_MS, max_ttl_ms // 10)
 
 
-def _options() -> Options:
+WRITE_BUFFER_BYTES = 8 * 1024 * 1024  # per column family; a partition has about ten live buckets
+DB_WRITE_BUFFER_BYTES = 64 * 1024 * 1024  # all memtables of one partition's database together
+
+
+def _family_options() -> Options:
+    """Options of every column family: small memtables and a Bloom filter (most lookups miss)."""
     options = Options(raw_mode=True)
+    options.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    options.set_max_write_buffer_number(2)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_cache_index_and_filter_blocks(True)
+    options.set_block_based_table_factory(table)
+    return options
+
+
+def _options() -> Options:
+    options = _family_options()
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    options.set_db_write_buffer_size(DB_WRITE_BUFFER_BYTES)
     return options
 
 
@@ -82,8 +99,8 @@ class PartitionStore:
         path.mkdir(parents=True, exist_ok=True)
         try:
             existing = Rdict.list_cf(str(path), _options()) if (path / "CURRENT").exists() else []
-            families = {name: Options(raw_mode=True) for name in existing if name != "default"}
-            families.setdefault(_META, Options(raw_mode=True))
+            families = {name: _family_options() for name in existing if name != "default"}
+            families.setdefault(_META, _family_options())
             db = Rdict(str(path), _options(), column_families=families)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
             if "lock" in str(exc).lower():
@@ -155,7 +172,7 @@ class PartitionStore:
 
     def _handle(self, bucket: int) -> Any:
         if bucket not in self._buckets:
-            self._buckets[bucket] = self._db.create_column_family(f"b{bucket}", Options(raw_mode=True))
+            self._buckets[bucket] = self._db.create_column_family(f"b{bucket}", _family_options())
         return self._db.get_column_family_handle(f"b{bucket}")
 
     def expire(self, *, grace_ms: int | None = None) -> int:

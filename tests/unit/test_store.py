@@ -97,3 +97,11 @@ def test_bucket_width_is_a_tenth_of_the_ttl_and_at_least_an_hour() -> None:
     """About ten live buckets per TTL, never narrower than an hour."""
     assert bucket_width(7 * 24 * HOUR) == int(16.8 * HOUR)
     assert bucket_width(HOUR) == MIN_BUCKET_MS
+
+
+def test_stores_use_a_bloom_filter_and_bounded_memtables(store: PartitionStore) -> None:
+    """Most lookups miss (every first copy), so tables carry a Bloom filter; memtables are bounded."""
+    store.write({b"k": (_entry(1), None)}, changelog_offset=None, stream_time=1)
+    options = max(store.path.glob("OPTIONS-*")).read_text()
+    assert "bloomfilter" in options.lower()
+    assert "write_buffer_size=8388608" in options
