@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from pipeline.dedupe import Entry
 from pipeline.errors import PartitionFencedError, PipelineError
@@ -66,6 +66,7 @@ class PartitionCheckpoint:
         self._futures: list[asyncio.Future[Any]] = []
         self._changelog_sent: list[tuple[asyncio.Future[Any], int]] = []
         self.in_transaction = False
+        self.broken = False  # the producer cannot continue: close and reopen the partition
         self.opened_at = 0.0
         self.first_offset: int | None = None
         self.next_offset: int | None = None
@@ -153,7 +154,11 @@ class PartitionCheckpoint:
         for slot in list(self._batches):
             await self._send(slot, self._batches.pop(slot))
         if self._futures:
-            await asyncio.gather(*self._futures)
+            # read every result, so no failed future is left unretrieved; raise the first failure
+            results = await asyncio.gather(*self._futures, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
 
     def due(self, *, interval: float, max_records: int) -> bool:
         """Whether the open transaction is old or big enough to commit."""
@@ -171,6 +176,10 @@ class PartitionCheckpoint:
         """
         if not self.in_transaction:
             return 0
+        if self.broken:
+            raise TransactionFailedError(
+                f"{self.tp}: the producer is unusable; the partition must be reopened"
+            )
         try:
             await self._flush()
             if self.next_offset is not None:
@@ -179,7 +188,7 @@ class PartitionCheckpoint:
         except ProducerFenced as exc:
             self._reset()
             raise PartitionFencedError(f"{self.tp}: fenced by a newer producer") from exc
-        except KafkaError as exc:
+        except (KafkaError, IllegalOperation) as exc:
             await self.abort()
             raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
         changelog_offset = None
@@ -193,13 +202,15 @@ class PartitionCheckpoint:
 
     async def abort(self) -> None:
         """Abort the open transaction and forget everything staged."""
-        if self.in_transaction:
+        if self.in_transaction and not self.broken:
             try:
                 await self.producer.abort_transaction()
             except ProducerFenced:
                 log.info("%s: abort after fencing; nothing to abort", self.tp)
-            except KafkaError:
-                log.warning("%s: abort failed; the broker aborts on the next producer start", self.tp)
+            # aiokafka asserts on the transition when its sender died (fatal state): same remedy
+            except (KafkaError, IllegalOperation, AssertionError) as exc:
+                self.broken = True
+                log.warning("%s: abort failed (%r); the producer will be replaced", self.tp, exc)
         self._reset()
 
     def _reset(self) -> None:

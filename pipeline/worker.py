@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalOperation, KafkaError
 
 from pipeline import worker_http
 from pipeline.checkpoint import PartitionCheckpoint, TransactionFailedError
@@ -218,11 +218,14 @@ class Worker:
                 self._observe_lag(tp, getattr(records[-1], "offset", 0))
             except PartitionFencedError:
                 await self._drop_fenced(part)
-            except (KafkaError, TransactionFailedError) as exc:
+            except (KafkaError, IllegalOperation, TransactionFailedError) as exc:
                 start = part.checkpoint.first_offset if part.checkpoint.first_offset is not None else first
                 log.warning("%s: batch failed (%r); aborting and redoing from offset %s", tp, exc, start)
                 await part.checkpoint.abort()
-                self._require(self._consumer).seek(tp, min(start, first))
+                if part.checkpoint.broken:
+                    await self._reopen_locked(part)
+                else:
+                    self._require(self._consumer).seek(tp, min(start, first))
 
     def _observe_lag(self, tp: TopicPartition, last_offset: int) -> None:
         highwater = self._require(self._consumer).highwater(tp)
@@ -290,7 +293,9 @@ class Worker:
             return
         except TransactionFailedError as exc:
             log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
-            if start is not None:
+            if part.checkpoint.broken:
+                await self._reopen_locked(part)
+            elif start is not None:
                 self._require(self._consumer).seek(part.tp, start)
             return
         self.metrics.commit_seconds.observe(time.perf_counter() - began)
@@ -340,6 +345,35 @@ class Worker:
             log.info("%s: ready at committed offset %s", tp, committed)
         self.metrics.partitions.set(len(self._partitions))
 
+    async def _reopen_locked(self, part: _Partition) -> None:
+        """Replace a partition whose producer cannot continue; the caller holds its lock.
+
+        The partition is closed without committing and opened again in the
+        background like a fresh assignment: a new producer with the same
+        transactional id, a restore, and a seek to the committed offset.
+        """
+        log.warning("%s: replacing its producer", part.tp)
+        consumer = self._require(self._consumer)
+        if part.tp in consumer.assignment():
+            consumer.pause(part.tp)
+        await self._close_locked(part, commit=False)
+        task = asyncio.create_task(self._reassign(part.tp))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+
+    async def _reassign(self, tp: TopicPartition) -> None:
+        consumer = self._require(self._consumer)
+        for attempt in range(1, 31):
+            if tp not in consumer.assignment() or tp in self._partitions or self._stopping.is_set():
+                return
+            try:
+                await self.partitions_assigned({tp})
+            except (KafkaError, PipelineError) as exc:
+                log.warning("%s: reopening failed (attempt %s): %r", tp, attempt, exc)
+                await asyncio.sleep(min(attempt, 5))
+            else:
+                return
+
     async def _close_partitions(self, tps: set[TopicPartition], *, commit: bool) -> None:
         for tp in list(tps):
             part = self._partitions.get(tp)
@@ -363,7 +397,10 @@ class Worker:
                 log.warning("%s: could not commit on close: %s", part.tp, exc)
         else:
             await part.checkpoint.abort()
-        await part.producer.stop()
+        try:
+            await part.producer.stop()
+        except (KafkaError, IllegalOperation, AssertionError) as exc:  # a producer that went fatal
+            log.warning("%s: producer did not stop cleanly: %r", part.tp, exc)
         part.store.close()
         self._forget_gauges(part.tp)
         self.metrics.partitions.set(len(self._partitions))
