@@ -76,6 +76,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         commit_interval=args.commit_interval_ms / 1000,
         max_batch=args.max_batch,
         session_timeout_ms=args.session_timeout_ms,
+        instance_id=args.instance_id or None,
     )
     return asyncio.run(_run_service(Worker(settings, topo)))
 
@@ -237,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=int(_env("PIPELINE_SESSION_TIMEOUT_MS", "10000") or 10000),
         help="how long a silent worker keeps its partitions (env PIPELINE_SESSION_TIMEOUT_MS)",
+    )
+    worker.add_argument(
+        "--instance-id",
+        default=_env("PIPELINE_INSTANCE_ID"),
+        help="static group membership (env PIPELINE_INSTANCE_ID, e.g. the pod name): a restarted worker "
+        "gets its partitions back without a rebalance; a removed one keeps them until the session times out",
     )
     worker.set_defaults(handler=_cmd_worker)
 

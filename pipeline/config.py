@@ -21,6 +21,9 @@ class WorkerSettings:
     max_batch: int = 2000  # input records per transaction at most
     restore_progress_every: float = 5.0  # seconds between restore progress lines
     session_timeout_ms: int = 10_000  # how long a silent (crashed, stopped) worker keeps its partitions
+    instance_id: str | None = (
+        None  # static group membership: a restart with the same id gets its partitions back
+    )
 
     def __post_init__(self) -> None:
         problems = []

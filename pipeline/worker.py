@@ -98,6 +98,7 @@ class Worker:
             fetch_max_bytes=16 * 1024 * 1024,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             session_timeout_ms=self.settings.session_timeout_ms,
+            group_instance_id=self.settings.instance_id,
             heartbeat_interval_ms=max(self.settings.session_timeout_ms // 5, 300),
             client_id=f"pipeline-worker-{self.settings.group}",
         )

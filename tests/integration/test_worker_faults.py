@@ -106,3 +106,20 @@ async def test_rebalance_as_workers_join_and_leave_keeps_exactly_once(pipeline_e
     first.wait(timeout=30)
     assert first.returncode == 0, env.log_tail("a")
     assert "partitions revoked" in (env.state_root / "b.log").read_text()
+
+
+async def test_a_static_member_killed_and_restarted_keeps_exactly_once(pipeline_env: MakeEnv) -> None:
+    """With --instance-id, a SIGKILLed worker restarted under the same id takes its partitions back: one command per key."""
+    env: Env = await pipeline_env()
+    ids, waves = _workload(3_000, 0.3, seed=33)
+    total = sum(len(w) for w in waves)
+    worker = env.start_worker("w1", "--instance-id", "worker-0")
+    producing = asyncio.create_task(_produce_steadily(env, waves))
+    for kills in range(2):
+        await env.wait_assigned("w1", before=kills)
+        await asyncio.sleep(0.8)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        worker = env.start_worker("w1", "--instance-id", "worker-0")
+    await producing
+    await _check_exactly_once(env, ids, total)

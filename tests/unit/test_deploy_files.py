@@ -131,7 +131,10 @@ def _k8s_env(container: dict[str, Any]) -> dict[str, str]:
             secret = _k8s("Secret", source["secretRef"]["name"])
             env |= secret.get("stringData", {}) | secret.get("data", {})
     for item in container.get("env", []):
-        env[item["name"]] = item["value"]
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[item["name"]] = "pipeline-worker-0"  # the downward API gives the pod name
     return env
 
 
