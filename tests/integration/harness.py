@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,21 @@ def write_topology(
     partitions: int = 4,
     ttl: str = "7d",
     expiry: str = "fixed",
+    secrets: Mapping[str, str] | None = None,
+    verify: str = "ingress",
     extra: str = "",
 ) -> Path:
-    """A topology with unique topic names (prefixed by ``app``) and a stripe and a github source."""
+    """A topology with unique topic names (prefixed by ``app``) and a stripe and a github source.
+
+    A source named in ``secrets`` reads its secret from that environment variable and is
+    verified where ``verify`` says; the others are trusted (``verify = "none"``).
+    """
+    signed = secrets or {}
+
+    def source(name: str, more: str = "") -> str:
+        check = f'secrets = ["{signed[name]}"]\nverify = "{verify}"' if name in signed else 'verify = "none"'
+        return f'[sources.{name}]\nprovider = "{name}"\n{check}\nttl = "{ttl}"\n{more}'
+
     path.write_text(
         f"""
 [app]
@@ -44,15 +56,8 @@ audit = "{app}.deliveries"
 dlq = "{app}.dlq"
 changelog = "{app}-seen-changelog"
 partitions = {partitions}
-[sources.stripe]
-provider = "stripe"
-verify = "none"
-ttl = "{ttl}"
-expiry = "{expiry}"
-[sources.github]
-provider = "github"
-verify = "none"
-ttl = "{ttl}"
+{source("stripe", f'expiry = "{expiry}"')}
+{source("github")}
 {extra}
 """,
         encoding="utf-8",

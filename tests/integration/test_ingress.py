@@ -22,7 +22,7 @@ from pipeline.ingress import Ingress, IngressSettings
 from pipeline.kafka import owner_partition
 from pipeline.providers.signing import sign
 from tests.conftest import KAFKA_SH
-from tests.integration.harness import read_committed
+from tests.integration.harness import read_committed, write_topology
 
 pytestmark = pytest.mark.broker
 
@@ -33,29 +33,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _signed_topology(path: Path, app: str, secret_env: str, *, partitions: int = 4) -> Path:
-    """A topology whose stripe source is verified at the ingress with the secret in ``secret_env``."""
-    path.write_text(
-        f"""
-[app]
-name = "{app}"
-[topics]
-input = "{app}.raw"
-commands = "{app}.events"
-audit = "{app}.deliveries"
-dlq = "{app}.dlq"
-changelog = "{app}-seen-changelog"
-partitions = {partitions}
-[sources.stripe]
-provider = "stripe"
-secrets = ["{secret_env}"]
-verify = "ingress"
-""",
-        encoding="utf-8",
-    )
-    return path
 
 
 def _stripe_body(event_id: str) -> bytes:
@@ -101,7 +78,7 @@ def signed_app(
     app = unique("app")
     secret_env = f"STRIPE_SECRET_{app.replace('-', '_').upper()}"
     monkeypatch.setenv(secret_env, SECRET)
-    return _signed_topology(tmp_path / f"{app}.toml", app, secret_env), app
+    return write_topology(tmp_path / f"{app}.toml", app, secrets={"stripe": secret_env}), app
 
 
 async def test_a_signed_webhook_lands_on_its_key_partition_byte_for_byte(

@@ -58,12 +58,7 @@ async def _wait_http(url: str, timeout: float = 30) -> None:
 
 async def test_worker_and_ingress_metrics_count_deliveries(pipeline_env: MakeEnv) -> None:
     """Two copies through the ingress and one bad record: both /metrics endpoints parse and agree."""
-    env: Env = await pipeline_env()
-    env.topology_path.write_text(
-        env.topology_path.read_text().replace(
-            'provider = "stripe"\nverify = "none"', 'provider = "stripe"\nsecrets = ["METRICS_STRIPE_SECRET"]'
-        )
-    )
+    env: Env = await pipeline_env(secrets={"stripe": "METRICS_STRIPE_SECRET"})
     worker_port, ingress_port = _free_port(), _free_port()
     env.start_worker("w1", "--metrics-port", str(worker_port))
     ingress = subprocess.Popen(

@@ -44,11 +44,8 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
 ) -> None:
     """With no --bootstrap, up starts a local broker, creates topics, dedupes, and Ctrl-C stops it all."""
     app = unique("up")
-    path = write_topology(tmp_path / "up.toml", app, partitions=2)
-    path.write_text(
-        path.read_text().replace(
-            'provider = "stripe"\nverify = "none"', 'provider = "stripe"\nsecrets = ["UP_TEST_STRIPE_SECRET"]'
-        )
+    path = write_topology(
+        tmp_path / "up.toml", app, partitions=2, secrets={"stripe": "UP_TEST_STRIPE_SECRET"}
     )
     kafka_port = _free_port()
     env = dict(
@@ -117,15 +114,11 @@ def test_up_demo_sends_signed_webhooks_and_every_duplicate_is_suppressed(
 ) -> None:
     """up --demo streams retries, a redelivery and forgeries, and its summary checks out."""
     app = unique("demo")
-    path = write_topology(tmp_path / "demo.toml", app, partitions=2)
-    path.write_text(
-        path.read_text()
-        .replace(
-            'provider = "stripe"\nverify = "none"', 'provider = "stripe"\nsecrets = ["DEMO_STRIPE_SECRET"]'
-        )
-        .replace(
-            'provider = "github"\nverify = "none"', 'provider = "github"\nsecrets = ["DEMO_GITHUB_SECRET"]'
-        )
+    path = write_topology(
+        tmp_path / "demo.toml",
+        app,
+        partitions=2,
+        secrets={"stripe": "DEMO_STRIPE_SECRET", "github": "DEMO_GITHUB_SECRET"},
     )
     process = subprocess.Popen(
         [

@@ -204,13 +204,7 @@ async def test_a_copy_with_a_different_body_is_a_conflict_not_a_second_command(p
 
 async def test_worker_side_verification_never_remembers_a_forgery(pipeline_env: MakeEnv) -> None:
     """With verify = "worker", a forged copy goes to the DLQ first and the genuine event still gets its command."""
-    env: Env = await pipeline_env()
-    env.topology_path.write_text(
-        env.topology_path.read_text().replace(
-            'provider = "github"\nverify = "none"',
-            'provider = "github"\nverify = "worker"\nsecrets = ["WORKER_GH_SECRET"]',
-        )
-    )
+    env: Env = await pipeline_env(secrets={"github": "WORKER_GH_SECRET"}, verify="worker")
     secret = "gh-worker-secret"
     body = orjson.dumps({"ref": "refs/heads/main", "after": "abc"})
     received = int(time.time() * 1000)
