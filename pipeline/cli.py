@@ -24,7 +24,9 @@ DEFAULT_TOPOLOGY = "topologies/default.toml"
 Handler = Callable[[argparse.Namespace], int]
 
 
-class _Service(Protocol):
+class Service(Protocol):
+    """What the CLI runs until a signal: the worker, the ingress, ``up``."""
+
     async def start(self) -> None: ...
     async def run(self) -> None: ...
     def stop(self) -> None: ...
@@ -81,7 +83,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return asyncio.run(_run_service(Worker(settings, topo)))
 
 
-async def _run_service(service: _Service) -> int:
+async def _run_service(service: Service) -> int:
     """Start ``service``, run it until SIGTERM or SIGINT, and stop it cleanly."""
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from pipeline import kafka, topology
+from pipeline.cli import Service
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress import Ingress, IngressSettings
@@ -32,14 +32,6 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
-
-
-class Service(Protocol):
-    """What ``up`` runs: the worker and the ingress share this shape."""
-
-    async def start(self) -> None: ...
-    async def run(self) -> None: ...
-    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -199,24 +200,24 @@ class Worker:
         log.info("worker stopped")
 
     # -- the loop ----------------------------------------------------------------
-    async def _handle(self, tp: TopicPartition, records: list[object]) -> None:
+    async def _handle(self, tp: TopicPartition, records: Sequence[Any]) -> None:
         part = self._partitions.get(tp)
         if part is None:
             return  # revoked while the fetch was in flight: the new owner reprocesses these
         async with part.lock:
             if part.closed:
                 return
-            first = getattr(records[0], "offset", 0)
+            first = records[0].offset
             expected = part.checkpoint.next_offset
             if expected is not None and first < expected:
                 # Never handle a record twice in one transaction: this would mean a stale fetch.
                 log.error("%s: fetched offset %s behind the transaction's %s; skipping", tp, first, expected)
-                records = [r for r in records if getattr(r, "offset", 0) >= expected]
+                records = [r for r in records if r.offset >= expected]
                 if not records:
                     return
             try:
                 await part.processor.handle(records)
-                self._observe_lag(tp, getattr(records[-1], "offset", 0))
+                self._observe_lag(tp, records[-1].offset)
             except PartitionFencedError:
                 await self._drop_fenced(part)
             except (KafkaError, IllegalOperation, TransactionFailedError) as exc:
