@@ -23,6 +23,10 @@ from pipeline.topology import Topology
 log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
+# Largest record any pipeline topic takes. A command embeds the webhook body and a DLQ record
+# carries it twice (text and base64), so a 1 MiB body (the ingress limit) needs well over the
+# broker's 1 MiB default.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def owner_partition(key: bytes, partitions: int) -> int:
@@ -82,27 +86,20 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     count = partitions or topology.topics.partitions
     replication = topology.topics.replication
     retention_ms = int(topology.changelog_retention.total_seconds() * 1000)
+    plain = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+    changelog = plain | {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
+    topics = topology.topics
     specs = [
-        TopicSpec(topology.topics.input, count, replication),
-        TopicSpec(topology.topics.audit, count, replication),
-        TopicSpec(topology.topics.dlq, count, replication),
-        TopicSpec(
-            topology.topics.changelog,
-            count,
-            replication,
-            {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)},
-        ),
+        TopicSpec(topics.input, count, replication, plain),
+        TopicSpec(topics.audit, count, replication, plain),
+        TopicSpec(topics.dlq, count, replication, plain),
+        TopicSpec(topics.changelog, count, replication, changelog),
     ]
-    specs += [TopicSpec(name, count, replication) for name in topology.command_topics()]
+    specs += [TopicSpec(name, count, replication, plain) for name in topology.command_topics()]
     if topology.has_effects:
         specs += [
-            TopicSpec(topology.topics.effects, count, replication),
-            TopicSpec(
-                topology.topics.effects_changelog,
-                count,
-                replication,
-                {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)},
-            ),
+            TopicSpec(topics.effects, count, replication, plain),
+            TopicSpec(topics.effects_changelog, count, replication, changelog),
         ]
     return specs
 
@@ -185,6 +182,7 @@ async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[s
 
 
 __all__ = [
+    "MAX_MESSAGE_BYTES",
     "KafkaError",
     "KeyPartitioner",
     "TopicResult",

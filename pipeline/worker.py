@@ -29,7 +29,7 @@ from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
 from pipeline.effects import EffectProcessor
 from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreCorruptError, StoreError
-from pipeline.kafka import KeyPartitioner, owner_partition, partition_count
+from pipeline.kafka import MAX_MESSAGE_BYTES, KeyPartitioner, owner_partition, partition_count
 from pipeline.metrics import WorkerMetrics
 from pipeline.processor import OutputTopics, PartitionProcessor
 from pipeline.restore import restore
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 STORE_LOCK_WAIT = 30.0
 DISK_MEASURE_EVERY = 10.0  # seconds between walks of a store's files
-MAX_BATCH_BYTES = 512 * 1024
 
 
 @dataclass
@@ -418,7 +417,8 @@ class Worker:
             transactional_id=txn_id,
             acks="all",
             enable_idempotence=True,
-            max_batch_size=MAX_BATCH_BYTES,
+            max_batch_size=MAX_MESSAGE_BYTES,
+            max_request_size=MAX_MESSAGE_BYTES,
             linger_ms=5,
             client_id=txn_id,
         )

@@ -233,3 +233,21 @@ async def test_worker_side_verification_never_remembers_a_forgery(pipeline_env: 
     assert [d["reason"] for d in dlq] == ["bad-signature"]
     commands = await read_committed(env.bootstrap, env.topo.topics.commands)
     assert command_counts(commands) == Counter({"github:delivery-1": 1})
+
+
+async def test_bodies_near_the_ingress_limit_are_processed_or_dead_lettered(pipeline_env: MakeEnv) -> None:
+    """A 900 KB event gets its command, and a 900 KB unreadable body its DLQ record (body twice in it)."""
+    env: Env = await pipeline_env()
+    big = env.stripe_body("evt_big", size=900_000)
+    garbage = b"\xff" * 900_000
+    stripe = [("source", b"stripe")]
+    await env.produce(
+        [(b"stripe:evt_big", big, stripe, None, None), (b"stripe:evt_junk", garbage, stripe, None, None)]
+    )
+    env.start_worker("w1")
+    audit = await wait_for_audit(env, 2)
+    assert sorted(a["outcome"] for a in audit) == ["first", "invalid"]
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    assert command_counts(commands) == Counter({"stripe:evt_big": 1})
+    [dlq] = [orjson.loads(r.value) for r in await read_committed(env.bootstrap, env.topo.topics.dlq)]
+    assert dlq["reason"] == "bad-body"
