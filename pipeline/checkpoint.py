@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -29,11 +28,12 @@ from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from pipeline.dedupe import Entry
 from pipeline.errors import PartitionFencedError, PipelineError
-from pipeline.store import PartitionStore
+from pipeline.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
 
-Header = tuple[str, bytes]
+Header = tuple[str, bytes | None]
+_NO_HEADERS: list[Header] = []  # aiokafka's C batch builder takes only a list; it never changes it
 
 
 class TransactionFailedError(PipelineError):
@@ -60,7 +60,7 @@ class PartitionCheckpoint:
         self.producer = producer
         self.store = store
         self.changelog = changelog
-        self._staged: dict[bytes, tuple[Entry, Entry | None]] = {}
+        self._staged: dict[bytes, Change] = {}
         self._batches: dict[tuple[str, int], Any] = {}
         self._full: list[tuple[tuple[str, int], Any]] = []
         self._futures: list[asyncio.Future[Any]] = []
@@ -76,7 +76,7 @@ class PartitionCheckpoint:
     # -- reads -----------------------------------------------------------------
     def lookup(self, keys: list[bytes]) -> dict[bytes, Entry]:
         """Current entries of ``keys``: staged in this batch first, then the store."""
-        found = {key: self._staged[key][0] for key in keys if key in self._staged}
+        found = {key: self._staged[key].entry for key in keys if key in self._staged}
         missing = [key for key in keys if key not in found]
         if missing:
             found.update(self.store.get_many(missing))
@@ -84,8 +84,8 @@ class PartitionCheckpoint:
 
     def staged(self, key: bytes) -> Entry | None:
         """The entry staged for ``key`` in this batch, if any."""
-        pair = self._staged.get(key)
-        return pair[0] if pair else None
+        change = self._staged.get(key)
+        return change.entry if change else None
 
     # -- writes ----------------------------------------------------------------
     async def begin(self) -> None:
@@ -100,10 +100,12 @@ class PartitionCheckpoint:
         self.opened_at = time.monotonic()
         self.records = 0
 
-    def stage(self, key: bytes, entry: Entry, previous: Entry | None) -> None:
-        """Remember ``key``'s new state; it reaches the store only after the commit."""
+    def stage(self, key: bytes, entry: Entry, previous: Entry | None) -> bytes:
+        """Remember ``key``'s new state (it reaches the store only after the commit); returns its bytes."""
         earlier = self._staged.get(key)
-        self._staged[key] = (entry, earlier[1] if earlier else previous)
+        value = entry.encode()
+        self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
+        return value
 
     def consumed(self, offset: int, timestamp: int) -> None:
         """Mark input ``offset`` as handled in this transaction."""
@@ -121,17 +123,19 @@ class PartitionCheckpoint:
         key: bytes | None,
         value: bytes,
         timestamp: int,
-        headers: Sequence[Header] = (),
+        headers: list[Header] | None = None,
     ) -> None:
         """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`)."""
+        if headers is None:
+            headers = _NO_HEADERS
         slot = (topic, partition)
         batch = self._batches.get(slot)
         if batch is None:
             batch = self._batches[slot] = self.producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=timestamp, headers=list(headers)) is None:
+        if batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
             self._full.append((slot, batch))
             batch = self._batches[slot] = self.producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=timestamp, headers=list(headers)) is None:
+            if batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
                 raise PipelineError(f"a record of {len(value)} bytes does not fit in one batch for {topic}")
 
     async def drain(self) -> None:

@@ -15,8 +15,7 @@ A record becomes one of:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline import providers
 from pipeline.codec import IDEMPOTENCY_KEY_HEADER, Delivery
@@ -27,8 +26,7 @@ from pipeline.topology import Source, Topology, Verify
 Partitioner = Callable[[bytes, int], int]
 
 
-@dataclass(frozen=True, slots=True)
-class Invalid:
+class Invalid(NamedTuple):
     """A record for the DLQ."""
 
     reason: str
@@ -37,8 +35,7 @@ class Invalid:
     source: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Reroute:
+class Reroute(NamedTuple):
     """A record that belongs to another partition."""
 
     key: str
@@ -46,8 +43,7 @@ class Reroute:
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(NamedTuple):
     """A record ready for the dedupe decision."""
 
     key: str

@@ -8,8 +8,7 @@ audit records and DLQ records, all JSON.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -20,21 +19,58 @@ RECEIVED_AT_HEADER = "received-at"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 REROUTED_FROM_HEADER = "rerouted-from"
 
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]  # a consumer may hand over a header without a value
 
 
-@dataclass(frozen=True, slots=True)
 class Delivery:
-    """One input record, with its headers decoded (names lowercased)."""
+    """One input record. ``source`` and ``received_at`` are read on construction; the other
+    headers are decoded (names lowercased) only when asked for, since most records need none."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes
-    raw_headers: Headers
-    headers: Mapping[str, str]
+    __slots__ = (
+        "_headers",
+        "key",
+        "offset",
+        "partition",
+        "raw_headers",
+        "received_at",
+        "source",
+        "timestamp",
+        "topic",
+        "value",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes,
+        raw_headers: Headers,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.raw_headers = raw_headers
+        self._headers: dict[str, str] | None = None
+        source: bytes | None = None
+        received: bytes | None = None
+        for name, raw in raw_headers:  # a repeated name: the last one wins, as in ``headers``
+            if raw is None:
+                continue
+            lowered = name.lower()
+            if lowered == SOURCE_HEADER:
+                source = raw
+            elif lowered == RECEIVED_AT_HEADER:
+                received = raw
+        #: The ``source`` header, if any.
+        self.source = source.decode("utf-8", "replace") or None if source is not None else None
+        #: When the ingress received it (ms), else the record timestamp.
+        self.received_at = int(received) if received is not None and received.isdigit() else timestamp
 
     @classmethod
     def from_record(
@@ -48,37 +84,59 @@ class Delivery:
         headers: Headers,
     ) -> Delivery:
         """Build from a consumer record's fields."""
-        decoded = {name.lower(): raw.decode("utf-8", "replace") for name, raw in headers if raw is not None}
-        return cls(topic, partition, offset, timestamp, key, value or b"", tuple(headers), decoded)
+        return cls(topic, partition, offset, timestamp, key, value or b"", tuple(headers))
 
     @classmethod
     def from_records(cls, records: Sequence[Any]) -> list[Delivery]:
         """Build from aiokafka ``ConsumerRecord`` objects."""
         return [
-            cls.from_record(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, r.headers or ())
+            cls(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value or b"", r.headers or ())
             for r in records
         ]
 
     @property
-    def source(self) -> str | None:
-        """The ``source`` header, if any."""
-        return self.headers.get(SOURCE_HEADER) or None
+    def headers(self) -> Mapping[str, str]:
+        """Every header, names lowercased, values decoded as UTF-8 (the last of a repeated name wins)."""
+        if self._headers is None:
+            self._headers = {
+                name.lower(): raw.decode("utf-8", "replace")
+                for name, raw in self.raw_headers
+                if raw is not None
+            }
+        return self._headers
 
-    @property
-    def received_at(self) -> int:
-        """When the ingress received it (ms), else the record timestamp."""
-        raw = self.headers.get(RECEIVED_AT_HEADER)
-        if raw and raw.isdigit():
-            return int(raw)
-        return self.timestamp
+    def http_headers(self) -> Mapping[str, str]:
+        """The original HTTP headers (``http-<name>`` without the prefix), decoded on first use."""
+        return _HttpHeaders(self)
 
-    def http_headers(self) -> dict[str, str]:
-        """The original HTTP headers (``http-<name>`` without the prefix)."""
-        return {
-            name[len(HTTP_PREFIX) :]: value
-            for name, value in self.headers.items()
-            if name.startswith(HTTP_PREFIX)
-        }
+
+class _HttpHeaders(Mapping[str, str]):
+    """A delivery's ``http-*`` headers, decoded only when a provider reads one."""
+
+    __slots__ = ("_decoded", "_delivery")
+
+    def __init__(self, delivery: Delivery) -> None:
+        self._delivery = delivery
+        self._decoded: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._decoded is None:
+            cut = len(HTTP_PREFIX)
+            self._decoded = {
+                name[cut:]: value
+                for name, value in self._delivery.headers.items()
+                if name.startswith(HTTP_PREFIX)
+            }
+        return self._decoded
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 def http_headers_to_kafka(

@@ -18,7 +18,7 @@ class WorkerSettings:
     group: str = "webhook-dedupe"
     metrics_port: int | None = None
     commit_interval: float = 0.1  # seconds a transaction stays open at most
-    max_batch: int = 2000  # input records per transaction at most
+    max_batch: int = 2000  # a transaction commits once it holds this many input records
     restore_progress_every: float = 5.0  # seconds between restore progress lines
     session_timeout_ms: int = 10_000  # how long a silent (crashed, stopped) worker keeps its partitions
     instance_id: str | None = (

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -28,8 +27,7 @@ class Outcome(StrEnum):
     CONFLICT = "conflict"  # a copy within the TTL whose body differs from the first copy's: not processed
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """What the seen-set remembers about one key. Times are ms since the epoch."""
 
     first_seen: int
@@ -85,8 +83,7 @@ class Entry:
         return timestamp < self.expires_at
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The outcome of one copy and the key's state after it."""
 
     outcome: Outcome
@@ -129,15 +126,20 @@ def decide(
         )
         return Decision(Outcome.FIRST, entry, existing)
     expires_at = existing.expires_at
-    if sliding:
-        expires_at = max(expires_at, timestamp + ttl_ms)
+    if sliding and timestamp + ttl_ms > expires_at:
+        expires_at = timestamp + ttl_ms
     conflict = body_hash is not None and existing.body_hash is not None and body_hash != existing.body_hash
-    entry = replace(
-        existing,
+    entry = Entry(  # built field by field: dataclasses.replace costs more than the decision itself
+        first_seen=existing.first_seen,
+        expires_at=expires_at,
+        partition=existing.partition,
+        offset=existing.offset,
         duplicates=existing.duplicates + 1,
         last_seen=max(existing.last_seen, timestamp),
-        expires_at=expires_at,
-        conflicts=existing.conflicts + int(conflict),
+        command=existing.command,
+        topic=existing.topic,
+        body_hash=existing.body_hash,
+        conflicts=existing.conflicts + 1 if conflict else existing.conflicts,
     )
     outcome = Outcome.CONFLICT if conflict else Outcome.DUPLICATE
     return Decision(outcome, entry, existing)
@@ -145,6 +147,11 @@ def decide(
 
 def fingerprint(event: Mapping[str, Any], volatile: Iterable[str] = ()) -> str:
     """A short stable hash of an event body, leaving out fields that change per delivery attempt."""
-    skip = set(volatile)
-    kept = {k: v for k, v in event.items() if k not in skip} if skip else event
+    present = [name for name in volatile if name in event]
+    kept: Mapping[str, Any] = event
+    if present:
+        copy = dict(event)
+        for name in present:
+            del copy[name]
+        kept = copy
     return hashlib.blake2b(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()

@@ -79,7 +79,7 @@ class EffectProcessor:
             topic=topic,
         )
         entry = decision.entry
-        ckpt.stage(key, entry, decision.previous)
+        value = ckpt.stage(key, entry, decision.previous)
         if decision.outcome is Outcome.FIRST:
             self.recorder.command(topic)
             ckpt.emit(
@@ -93,7 +93,7 @@ class EffectProcessor:
             ckpt.changelog.topic,
             ckpt.changelog.partition,
             key=key,
-            value=entry.encode(),
+            value=value,
             timestamp=delivery.timestamp,
         )
         audit = self.topology.topics.audit

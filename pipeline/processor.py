@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pipeline.classify import Accepted, Classifier, Invalid, Reroute
 from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
 from pipeline.dedupe import Outcome, decide, fingerprint
 from pipeline.metrics import NullRecorder, Recorder
-from pipeline.topology import Expiry, Route, Topology
+from pipeline.topology import Expiry, Route, Source, Topology
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,20 @@ class OutputTopics:
         return self.partitioner(key, self.partitions[topic])
 
 
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What the decision needs from a source, computed once."""
+
+    ttl_ms: int
+    sliding: bool
+    volatile: tuple[str, ...]
+
+
+_NO_ROUTE = object()
+ROUTE_CACHE_SIZE = 4096
+CHUNK_RECORDS = 250  # records handled between two yields to the event loop
+
+
 class PartitionProcessor:
     """Turns records of one input partition into commands, audit, changelog and DLQ records."""
 
@@ -81,11 +96,26 @@ class PartitionProcessor:
         self.checkpoint = checkpoint
         self.outputs = outputs
         self.recorder: Recorder = recorder or NullRecorder()
+        self._routes: dict[tuple[str, str | None], Route | object | None] = {}
+        self._rules: dict[str, _Rule] = {}
 
     async def handle(self, records: Sequence[Any]) -> None:
-        """Process consumer records of this partition into the open transaction."""
+        """Process consumer records of this partition into the open transaction.
+
+        Works in chunks and yields to the event loop between them, so that the
+        producer's sender and other partitions' commits (each a few broker
+        round trips) move on while a large batch is being handled.
+        """
         ckpt = self.checkpoint
         await ckpt.begin()
+        for start in range(0, len(records), CHUNK_RECORDS):
+            if start:
+                await asyncio.sleep(0)
+            self._chunk(records[start : start + CHUNK_RECORDS])
+            await ckpt.drain()
+
+    def _chunk(self, records: Sequence[Any]) -> None:
+        ckpt = self.checkpoint
         deliveries = Delivery.from_records(records)
         classified = [self.classifier.classify(d) for d in deliveries]
         keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
@@ -98,49 +128,67 @@ class PartitionProcessor:
             else:
                 self._invalid(delivery, result)
             ckpt.consumed(delivery.offset, delivery.timestamp)
-        await ckpt.drain()
+
+    def _route(self, source: str, event_type: str | None) -> Route | None:
+        """``topology.route``, remembered per (source, event type) (bounded: event types come from input)."""
+        found = self._routes.get((source, event_type), _NO_ROUTE)
+        if found is _NO_ROUTE:
+            if len(self._routes) >= ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            found = self._routes[(source, event_type)] = self.topology.route(source, event_type)
+        return found  # type: ignore[return-value]
+
+    def _rule(self, source: Source) -> _Rule:
+        rule = self._rules.get(source.name)
+        if rule is None:
+            rule = self._rules[source.name] = _Rule(
+                ttl_ms=int(source.ttl.total_seconds() * 1000),
+                sliding=source.expiry is Expiry.SLIDING,
+                volatile=VOLATILE_FIELDS.get(source.provider, ()),
+            )
+        return rule
 
     def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
         source = item.source
-        route = self.topology.route(source.name, item.event_type)
+        route = self._route(source.name, item.event_type)
         target = resolve_target(self.topology, route, item)
         if target is None:
             effect_path = route.effect_key if route else None
             error = f"the event has no value at effect_key {effect_path!r}"
             self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
             return
-        existing = ckpt.staged(item.key_bytes) or known.get(item.key_bytes)
+        rule = self._rule(source)
+        key_bytes = item.key_bytes
+        existing = ckpt.staged(key_bytes) or known.get(key_bytes)
         decision = decide(
             existing,
             timestamp=delivery.timestamp,
-            ttl_ms=int(source.ttl.total_seconds() * 1000),
-            sliding=source.expiry is Expiry.SLIDING,
+            ttl_ms=rule.ttl_ms,
+            sliding=rule.sliding,
             partition=delivery.partition,
             offset=delivery.offset,
             command=target.command,
             topic=target.topic,
-            body_hash=fingerprint(item.event, VOLATILE_FIELDS.get(source.provider, ())),
+            body_hash=fingerprint(item.event, rule.volatile),
         )
-        entry = decision.entry
-        ckpt.stage(item.key_bytes, entry, decision.previous)
-        if decision.outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
+        entry, outcome = decision.entry, decision.outcome
+        value = ckpt.stage(key_bytes, entry, decision.previous)
+        if outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
             self._command(delivery, item, target)
-        ckpt.emit(  # every state change, so a restored store has the counts too
-            ckpt.changelog.topic,
-            ckpt.changelog.partition,
-            key=item.key_bytes,
-            value=entry.encode(),
-            timestamp=delivery.timestamp,
+        changelog = ckpt.changelog
+        # every state change, so a restored store has the counts too
+        ckpt.emit(
+            changelog.topic, changelog.partition, key=key_bytes, value=value, timestamp=delivery.timestamp
         )
-        extra: dict[str, Any] = {}
-        if decision.outcome is Outcome.FIRST and decision.previous is not None:
-            extra["previous_expired_at"] = decision.previous.expires_at
+        extra: dict[str, Any] | None = None
+        if outcome is Outcome.FIRST and decision.previous is not None:
+            extra = {"previous_expired_at": decision.previous.expires_at}
         if target.topic is None:
-            extra["dropped_by_route"] = True
+            extra = {**(extra or {}), "dropped_by_route": True}
         if target.effect_key is not None:
-            extra["effect_key"] = target.effect_key
-        if decision.outcome is Outcome.CONFLICT:
+            extra = {**(extra or {}), "effect_key": target.effect_key}
+        if outcome is Outcome.CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
                 self.tp,
@@ -151,15 +199,16 @@ class PartitionProcessor:
         self._audit(
             delivery,
             key=item.key,
-            outcome=decision.outcome,
+            outcome=outcome,
             first_seen_at=entry.first_seen,
             source=source.name,
             event_type=item.event_type,
             expires_at=entry.expires_at,
             extra=extra,
+            key_bytes=key_bytes,
         )
-        log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, decision.outcome)
-        self.recorder.outcome(source.name, decision.outcome.value)
+        log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, outcome)
+        self.recorder.outcome(source.name, outcome.value)
 
     def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
         """Emit the command: to its topic, or to the effect stage when the route names an effect key."""
@@ -174,7 +223,7 @@ class PartitionProcessor:
             received_at=delivery.received_at,
             body=delivery.value,
         )
-        headers: list[tuple[str, bytes]] = []
+        headers: list[tuple[str, bytes | None]] = []
         out_topic = topic
         if target.effect_key is not None:
             out_topic = self.topology.topics.effects
@@ -262,9 +311,11 @@ class PartitionProcessor:
         expires_at: int | None = None,
         reason: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        key_bytes: bytes | None = None,
     ) -> None:
         audit = self.topology.topics.audit
-        key_bytes = key.encode() if key is not None else None
+        if key_bytes is None and key is not None:
+            key_bytes = key.encode()
         partition = (
             self.outputs.partition_for(audit, key_bytes)
             if key_bytes is not None

@@ -9,7 +9,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Gauge
 
 from pipeline.dedupe import Entry
-from pipeline.store import PartitionStore
+from pipeline.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,15 @@ async def restore(
             position = await consumer.position(changelog)
             if not records:
                 continue
-            latest: dict[bytes, Entry] = {}
+            latest: dict[bytes, tuple[Entry, bytes]] = {}
             stream_time = store.stream_time
             for record in records:
                 if record.key is None or record.value is None:
                     continue
-                latest[record.key] = Entry.decode(record.value)
+                latest[record.key] = (Entry.decode(record.value), record.value)
                 stream_time = max(stream_time, record.timestamp)
             previous = store.get_many(list(latest))
-            changes = {key: (entry, previous.get(key)) for key, entry in latest.items()}
+            changes = {key: Change(entry, previous.get(key), value) for key, (entry, value) in latest.items()}
             store.write(changes, changelog_offset=records[-1].offset, stream_time=stream_time)
             applied += len(records)
             if remaining is not None:

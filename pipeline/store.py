@@ -23,7 +23,7 @@ import logging
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
@@ -39,6 +39,19 @@ _BUCKET_MS = b"bucket_ms"
 _VERSION = b"version"
 FORMAT_VERSION = b"1"
 MIN_BUCKET_MS = 3_600_000
+
+
+class Change(NamedTuple):
+    """A key's new entry, the entry it replaces, and the new entry's bytes (encoded once)."""
+
+    entry: Entry
+    previous: Entry | None
+    value: bytes
+
+    @classmethod
+    def of(cls, entry: Entry, previous: Entry | None = None) -> Change:
+        """The change to ``entry``, encoding it."""
+        return cls(entry, previous, entry.encode())
 
 
 def bucket_width(max_ttl_ms: int) -> int:
@@ -144,20 +157,20 @@ class PartitionStore:
 
     def write(
         self,
-        changes: Mapping[bytes, tuple[Entry, Entry | None]],
+        changes: Mapping[bytes, Change],
         *,
         changelog_offset: int | None,
         stream_time: int,
     ) -> None:
-        """Apply ``key → (new entry, previous entry)`` with the offset and stream time, atomically."""
+        """Apply ``key → change`` with the offset and stream time, atomically."""
         batch = WriteBatch(raw_mode=True)
-        for key, (entry, previous) in changes.items():
+        for key, (entry, previous, value) in changes.items():
             bucket = entry.expires_at // self.bucket_ms
             if previous is not None:
                 old = previous.expires_at // self.bucket_ms
                 if old != bucket and old in self._buckets:
                     batch.delete(key, self._db.get_column_family_handle(f"b{old}"))
-            batch.put(key, entry.encode(), self._handle(bucket))
+            batch.put(key, value, self._handle(bucket))
         meta = self._db.get_column_family_handle(_META)
         if changelog_offset is not None and changelog_offset > self.changelog_offset:
             batch.put(_OFFSET, str(changelog_offset).encode(), meta)

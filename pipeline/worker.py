@@ -53,6 +53,8 @@ class _Partition:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
     committing: bool = False
+    paused: bool = False  # by the loop, because records piled up during a commit
+    pending: list[Any] = field(default_factory=list)  # fetched during a commit, handled after it
     disk_measured_at: float = 0.0
 
 
@@ -174,12 +176,21 @@ class Worker:
         consumer = self._require(self._consumer)
         try:
             while not self._stopping.is_set():
+                ready = any(p.pending and not p.committing for p in self._partitions.values())
                 batches = await consumer.getmany(
-                    timeout_ms=int(self.settings.commit_interval * 500),
+                    timeout_ms=0 if ready else int(self.settings.commit_interval * 500),
                     max_records=self.settings.max_batch,
                 )
                 for tp, records in batches.items():
-                    await self._handle(tp, records)
+                    part = self._partitions.get(tp)
+                    if part is not None and (part.committing or part.pending):
+                        self._hold(part, records)
+                    else:
+                        await self._handle(tp, records)
+                for part in list(self._partitions.values()):
+                    if part.pending and not part.committing:
+                        records, part.pending = part.pending, []
+                        await self._handle(part.tp, records)
                 self._commit_due()
         finally:
             if self._commits:
@@ -251,22 +262,30 @@ class Worker:
             part.disk_measured_at = now
             self.metrics.store_bytes.labels(labels).set(part.store.disk_bytes())
 
+    def _hold(self, part: _Partition, records: Sequence[Any]) -> None:
+        """Keep records fetched while ``part`` commits, in order; pause it if they pile up."""
+        part.pending.extend(records)
+        consumer = self._require(self._consumer)
+        if (
+            len(part.pending) >= self.settings.max_batch
+            and not part.paused
+            and part.tp in consumer.assignment()
+        ):
+            consumer.pause(part.tp)
+            part.paused = True
+
     def _commit_due(self) -> None:
         """Commit each partition whose transaction is due, in the background.
 
-        The loop keeps fetching and handling the other partitions meanwhile; a
-        committing partition is paused, so none of its records is handled
-        until its commit is done (and its lock serialises the rest).
+        The loop keeps fetching and handling the other partitions meanwhile. A
+        committing partition's records are held (:meth:`_hold`) and handled
+        once its commit is done; its lock serialises the rest.
         """
         interval, size = self.settings.commit_interval, self.settings.max_batch
-        consumer = self._require(self._consumer)
-        assigned = consumer.assignment()
         for part in list(self._partitions.values()):
             if part.committing or not part.checkpoint.due(interval=interval, max_records=size):
                 continue
             part.committing = True
-            if part.tp in assigned:
-                consumer.pause(part.tp)
             task = asyncio.create_task(self._commit(part))
             self._commits.add(task)
             task.add_done_callback(self._commits.discard)
@@ -278,8 +297,10 @@ class Worker:
                 await self._commit_locked(part)
         finally:
             part.committing = False
-            if not part.closed and part.tp in consumer.assignment():
-                consumer.resume(part.tp)
+            if part.paused:
+                part.paused = False
+                if not part.closed and part.tp in consumer.assignment():
+                    consumer.resume(part.tp)
 
     async def _commit_locked(self, part: _Partition) -> None:
         """Commit ``part``'s transaction; the caller holds its lock."""
@@ -294,6 +315,7 @@ class Worker:
             return
         except TransactionFailedError as exc:
             log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
+            part.pending.clear()  # fetched before the seek: they come again after it
             if part.checkpoint.broken:
                 await self._reopen_locked(part)
             elif start is not None:

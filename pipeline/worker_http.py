@@ -8,7 +8,6 @@ effect key, the effects partition): that is what ``pipeline inspect`` asks.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -71,5 +70,5 @@ def describe(key: str, topic: str, partition: int, entry: Entry | None) -> dict[
         "known": entry is not None,
     }
     if entry is not None:
-        answer["entry"] = asdict(entry)
+        answer["entry"] = entry._asdict()
     return answer

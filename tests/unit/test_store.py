@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.dedupe import Entry
 from pipeline.errors import StoreCorruptError, StoreError
-from pipeline.store import MIN_BUCKET_MS, PartitionStore, bucket_width
+from pipeline.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
 
 HOUR = 3_600_000
 
@@ -26,7 +26,7 @@ def store(tmp_path: Path):
 
 def test_writes_are_read_back_with_their_offset_and_stream_time(store: PartitionStore) -> None:
     """A write stores entries, the changelog offset and the stream time together."""
-    store.write({b"k1": (_entry(10), None)}, changelog_offset=41, stream_time=10)
+    store.write({b"k1": Change.of(_entry(10), None)}, changelog_offset=41, stream_time=10)
     assert store.get_many([b"k1", b"k2"]) == {b"k1": _entry(10)}
     assert store.changelog_offset == 41
     assert store.stream_time == 10
@@ -36,7 +36,7 @@ def test_state_survives_closing_and_reopening(tmp_path: Path) -> None:
     """Closing releases the lock; reopening finds entries, offset and stream time."""
     path = tmp_path / "p1"
     first = PartitionStore.open(path, bucket_ms=HOUR)
-    first.write({b"k": (_entry(5), None)}, changelog_offset=3, stream_time=5)
+    first.write({b"k": Change.of(_entry(5), None)}, changelog_offset=3, stream_time=5)
     first.close()
     again = PartitionStore.open(path, bucket_ms=2 * HOUR)
     try:
@@ -67,8 +67,8 @@ def test_moving_a_key_to_a_later_bucket_removes_it_from_the_old_one(store: Parti
     """A re-claimed key lives in one bucket only."""
     old = _entry(0)
     new = _entry(5 * HOUR)
-    store.write({b"k": (old, None)}, changelog_offset=None, stream_time=0)
-    store.write({b"k": (new, old)}, changelog_offset=None, stream_time=5 * HOUR)
+    store.write({b"k": Change.of(old, None)}, changelog_offset=None, stream_time=0)
+    store.write({b"k": Change.of(new, old)}, changelog_offset=None, stream_time=5 * HOUR)
     assert store.get_many([b"k"]) == {b"k": new}
     assert store.key_count() == 1
 
@@ -76,7 +76,7 @@ def test_moving_a_key_to_a_later_bucket_removes_it_from_the_old_one(store: Parti
 def test_expire_drops_whole_buckets_once_stream_time_passes_them(store: PartitionStore) -> None:
     """Buckets whose keys all expired (plus a grace) are dropped; live ones stay."""
     store.write(
-        {b"old": (_entry(0), None), b"new": (_entry(10 * HOUR), None)},
+        {b"old": Change.of(_entry(0), None), b"new": Change.of(_entry(10 * HOUR), None)},
         changelog_offset=None,
         stream_time=10 * HOUR,
     )
@@ -88,7 +88,7 @@ def test_expire_drops_whole_buckets_once_stream_time_passes_them(store: Partitio
 
 def test_expire_keeps_buckets_inside_the_grace_period(store: PartitionStore) -> None:
     """A bucket that ended less than one bucket width ago is kept for late records."""
-    store.write({b"k": (_entry(0), None)}, changelog_offset=None, stream_time=int(1.5 * HOUR))
+    store.write({b"k": Change.of(_entry(0), None)}, changelog_offset=None, stream_time=int(1.5 * HOUR))
     assert store.expire() == 0
     assert store.get_many([b"k"])
 
@@ -101,7 +101,7 @@ def test_bucket_width_is_a_tenth_of_the_ttl_and_at_least_an_hour() -> None:
 
 def test_stores_use_a_bloom_filter_and_bounded_memtables(store: PartitionStore) -> None:
     """Most lookups miss (every first copy), so tables carry a Bloom filter; memtables are bounded."""
-    store.write({b"k": (_entry(1), None)}, changelog_offset=None, stream_time=1)
+    store.write({b"k": Change.of(_entry(1), None)}, changelog_offset=None, stream_time=1)
     options = max(store.path.glob("OPTIONS-*")).read_text()
     assert "bloomfilter" in options.lower()
     assert "write_buffer_size=8388608" in options

@@ -1,0 +1,44 @@
+"""The key partitioner: the Java client's murmur2 placement, hashed fast and once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+
+from pipeline.kafka import KeyPartitioner, murmur2, owner_partition
+
+
+@pytest.mark.parametrize("length", range(80))
+def test_murmur2_matches_aiokafka_for_every_tail_length(length: int) -> None:
+    """Our murmur2 gives aiokafka's hash for keys of every length up to 79 bytes."""
+    rng = random.Random(length)
+    for _ in range(50):
+        data = bytes(rng.randrange(256) for _ in range(length))
+        assert murmur2(data) == aiokafka_murmur2(data) & 0xFFFFFFFF
+
+
+JAVA_MURMUR2 = {  # org.apache.kafka.common.utils.UtilsTest#testMurmur2 (signed 32-bit ints)
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+
+@pytest.mark.parametrize(("key", "expected"), JAVA_MURMUR2.items())
+def test_murmur2_gives_the_java_clients_hashes(key: bytes, expected: int) -> None:
+    """The hashes Kafka's own tests expect, so records land where Java producers put them."""
+    assert murmur2(key) == expected & 0xFFFFFFFF
+    assert owner_partition(key, 7) == (expected & 0x7FFFFFFF) % 7
+
+
+def test_key_partitioner_hashes_a_key_once_per_topic_size() -> None:
+    """A cached hash gives the same partition for any partition count as an uncached one."""
+    partitioner = KeyPartitioner(max_keys=2)
+    for key in (b"k1", b"k2", b"k3", b"k1"):
+        for count in (1, 4, 12):
+            assert partitioner(key, count) == owner_partition(key, count)
