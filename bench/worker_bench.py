@@ -66,7 +66,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -1328,17 +1328,12 @@ class Bench:
             )
             for row in self.summary()
         ]
-        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         print()
         print(
             f"Worker benchmark: {args.events:,} events ({args.dup_ratio:.0%} duplicates, 1-2 KB bodies), "
             f"{args.partitions} partitions, latency at {args.latency_rate:,.0f} events/s for {args.latency_seconds:g}s"
         )
-        print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-        print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        for row in rows:
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-            print("| " + " | ".join(cells) + " |")
+        print_markdown(header, rows)
         print(
             "CPU ratio: the passthrough's CPU s/100k over the row's (the ratio if each had a CPU of its own)"
         )
@@ -1360,6 +1355,16 @@ class Bench:
             if r.error:
                 print(f"{r.name}: FAILED: {r.error.splitlines()[0]}")
         print(f"logs: {self.work}", flush=True)
+
+
+def print_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A Markdown table: the first column left-aligned, the figures right-aligned."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        print("| " + " | ".join(cells) + " |")
 
 
 def dir_bytes(path: Path) -> int:

@@ -1,0 +1,308 @@
+"""How the worker scales: partitions per process, worker processes, and a 10-million-key store.
+
+    .venv/bin/python bench/scaling.py --bootstrap 127.0.0.1:19092 --events 200000
+    .venv/bin/python bench/scaling.py --bootstrap 127.0.0.1:19092 --quick          # a few minutes
+
+One run, one broker, the workload of ``bench/worker_bench.py`` (1-2 KB
+Stripe-like bodies, 30% duplicates, the same records for every row), each row
+on fresh topics with a backlog produced before the contender starts:
+
+- ``passthrough``: the aiokafka consume -> produce ceiling at 4 partitions
+  (``bench/passthrough.py``), the denominator of "ratio";
+- ``1 process x P partitions`` for P = 1, 2, 4: one worker process owning P
+  partitions (partitions per process);
+- ``N processes x 6 partitions`` for N = 1, 2, 3: N worker processes in one
+  consumer group sharing 6 partitions (6, 3 and 2 partitions per process);
+  this is how the worker scales on one machine: one process per core;
+- ``10,000,000 keys in store``: 1 process x 4 partitions whose RocksDB stores
+  already hold ``--store-keys`` keys, written straight into each partition's
+  store (with the owning partition, a live expiry and the store's recorded
+  changelog offset left at "nothing to restore"), against the same row with
+  an empty store. The stream's keys are all new to that store, so every first
+  copy is a lookup that misses among 10M keys: the Bloom filters' case.
+
+Throughput is the backlog drain as the group's committed offsets show it
+(what a read_committed reader can act on); CPU s/100k is summed over the
+worker processes; peak RSS is the largest process's. Every worker row is
+checked afterwards: one command per unique key and exact audit counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import worker_bench as wb
+
+from pipeline import kafka, topology
+from pipeline.dedupe import Entry
+from pipeline.kafka import owner_partition
+from pipeline.store import Change, PartitionStore, bucket_width
+
+TTL_MS = 7 * 86_400_000  # worker_bench's topology: ttl = "7d"
+WRITE_BATCH = 50_000
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    label: str
+    processes: int = 1
+    partitions: int = 4
+    store_keys: int = 0
+
+
+class Procs:
+    """Several worker processes seen as one by ``worker_bench.drain`` (CPU summed)."""
+
+    def __init__(self, procs: list[wb.Proc]) -> None:
+        self.procs = procs
+        self.started = min(p.started for p in procs)
+
+    def check(self) -> None:
+        for proc in self.procs:
+            proc.check()
+
+    def cpu_seconds(self) -> float:
+        return sum(p.cpu_seconds() for p in self.procs)
+
+
+def fill_stores(state: Path, input_topic: str, partitions: int, keys: int, *, now_ms: int) -> float:
+    """Write ``keys`` live entries into the partitions' stores as the worker lays them out; returns seconds."""
+    began = time.monotonic()
+    width = bucket_width(TTL_MS)
+    stores = [PartitionStore.open(state / f"{input_topic}-{p}", bucket_ms=width) for p in range(partitions)]
+    pending: list[dict[bytes, Change]] = [{} for _ in range(partitions)]
+    last_report = began
+    try:
+        for n in range(keys):
+            key = f"stripe:evt_pre{n:012d}".encode()  # never one of the stream's keys (evt_ + random)
+            seen = now_ms - 86_400_000 + n % 86_400_000  # first seen within the last day: alive for days
+            entry = Entry(
+                first_seen=seen,
+                expires_at=seen + TTL_MS,
+                partition=0,
+                offset=n,
+                last_seen=seen,
+                command="handle",
+            )
+            batch = pending[owner_partition(key, partitions)]
+            batch[key] = Change.of(entry)
+            if len(batch) >= WRITE_BATCH:
+                part = owner_partition(key, partitions)
+                stores[part].write(batch, changelog_offset=None, stream_time=now_ms - 86_400_000)
+                pending[part] = {}
+            if time.monotonic() - last_report >= 10:
+                last_report = time.monotonic()
+                wb.say(f"  store fill: {n:,}/{keys:,} keys ({n / (last_report - began):,.0f}/s)")
+        for part, batch in enumerate(pending):
+            if batch:
+                stores[part].write(batch, changelog_offset=None, stream_time=now_ms - 86_400_000)
+        counts = [store.key_count() for store in stores]
+    finally:
+        for store in stores:
+            store.close()
+    wb.say(f"  store fill: {keys:,} keys written (estimated per partition: {counts})")
+    return time.monotonic() - began
+
+
+class Scaling:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.bench = wb.Bench(args)
+
+    async def run_worker_row(self, row: Row, result: wb.Result) -> None:
+        bench, args = self.bench, self.args
+        stream = bench.require(bench.stream)
+        app = bench.app(row.name)
+        topo_path = wb.write_topology(bench.work / f"{app}.toml", app, row.partitions)
+        topics = topology.load(topo_path).topics
+        group, state = f"{app}-group", bench.work / f"{row.name}-state"
+        await bench.broker.create(kafka.topic_specs(topology.load(topo_path), row.partitions))
+        if row.store_keys:
+            seconds = fill_stores(
+                state, topics.input, row.partitions, row.store_keys, now_ms=int(time.time() * 1000)
+            )
+            result.preload = {
+                "keys": row.store_keys,
+                "seconds": round(seconds, 1),
+                "store_disk_mib": round(wb.dir_bytes(state) / 2**20, 1),
+            }
+        commands_start = await bench.broker.end_offsets(topics.commands)
+        audit_start = await bench.broker.end_offsets(topics.audit)
+        await wb.produce_backlog(
+            args.bootstrap, topics.input, row.partitions, stream.records(), len(stream), f"{row.name} backlog"
+        )
+        procs = [
+            bench.start(
+                f"{row.name}-{i}",
+                [
+                    *bench.worker_argv(topo_path, state, group),
+                    "--metrics-port",
+                    str(wb.free_port()),
+                    "--instance-id",
+                    f"{app}-{i}",
+                ],
+            )
+            for i in range(row.processes)
+        ]
+        result.log = str(procs[0].log_path)
+        start = dict.fromkeys(range(row.partitions), 0)
+
+        async def handled() -> int:
+            return await bench.committed_progress(group, topics.input, start)
+
+        result.drain = await wb.drain(
+            Procs(procs),  # type: ignore[arg-type]
+            handled,
+            len(stream),
+            timeout=args.drain_timeout,
+            label=row.name,
+            broker_pid=bench.broker_pid,
+        )
+        bench.report_drain(result)
+        result.peak_rss_mib = max(p.status_kib("VmHWM") for p in procs) / 1024
+        for proc in procs:
+            code = await proc.stop()
+            result.warnings += wb.log_findings(proc.log_path)
+            if code not in (0, None):
+                result.warnings.append(f"{proc.name}: exit status {code}")
+        await bench.check_worker(result, topics.commands, commands_start, topics.audit, audit_start)
+
+    def rows(self) -> list[Row]:
+        keys = self.args.store_keys
+        rows = [
+            Row("worker-1x1", "1 process x 1 partition", 1, 1),
+            Row("worker-1x2", "1 process x 2 partitions", 1, 2),
+            Row("worker-1x4", "1 process x 4 partitions (empty store)", 1, 4),
+            Row("worker-1x6", "1 process x 6 partitions", 1, 6),
+            Row("worker-2x6", "2 processes x 6 partitions (3 each)", 2, 6),
+            Row("worker-3x6", "3 processes x 6 partitions (2 each)", 3, 6),
+            Row("worker-keys", f"1 process x 4 partitions, {keys:,} keys in store", 1, 4, keys),
+        ]
+        return [r for r in rows if not self.args.only or r.name in self.args.only]
+
+    async def run(self) -> int:
+        bench, args = self.bench, self.args
+        info = wb.machine_info()
+        wb.say(f"scaling bench {bench.run_id}: {args.events:,} events; work dir {bench.work}")
+        wb.say("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+        bench.stream = wb.make_stream(
+            random.Random(args.seed), args.events, args.dup_ratio, min_size=1024, max_size=2048
+        )
+        await bench.broker.start()
+        try:
+            if not args.only or "passthrough" in args.only:
+                result = wb.Result("passthrough", "passthrough (aiokafka, at least once), 4 partitions")
+                bench.results.append(result)
+                wb.say(f"== {result.label}")
+                await self.guarded(result, bench.run_passthrough(result))
+            for row in self.rows():
+                result = wb.Result(row.name, row.label)
+                bench.results.append(result)
+                wb.say(f"== {row.label}")
+                await self.guarded(result, self.run_worker_row(row, result))
+                if result.checks:
+                    wb.say(
+                        f"  output check {'ok' if result.checks.get('ok') else 'MISMATCH'}: {result.checks}"
+                    )
+                for line in result.warnings:
+                    wb.say(f"  log: {line}")
+                shutil.rmtree(bench.work / f"{row.name}-state", ignore_errors=True)
+        finally:
+            await bench.stop_all()
+            await bench.broker.delete_created()
+            await bench.broker.stop()
+        self.print_table(info)
+        return 0 if all(r.error is None and r.checks.get("ok", True) for r in bench.results) else 1
+
+    async def guarded(self, result: wb.Result, work: object) -> None:
+        try:
+            await work  # type: ignore[misc]
+        except (wb.BenchError, OSError) as exc:
+            result.error = str(exc) or repr(exc)
+            wb.say(f"  {result.name} FAILED: {result.error}")
+        finally:
+            await self.bench.stop_all()
+
+    def print_table(self, info: dict[str, str]) -> None:
+        results = self.bench.results
+        base = next((r.drain for r in results if r.name == "passthrough" and r.drain), None)
+        header = ("contender", "events/s", "ratio", "CPU s/100k", "CPU ratio", "peak RSS MiB", "checks")
+        rows = []
+        for r in results:
+            d = r.drain
+            rows.append(
+                (
+                    r.label + (" (FAILED)" if r.error else ""),
+                    f"{d.rate:,.0f}" if d else "-",
+                    f"{d.rate / base.rate:.2f}" if d and base else "-",
+                    f"{d.cpu_per_100k:.1f}" if d else "-",
+                    f"{base.cpu_per_100k / d.cpu_per_100k:.2f}" if d and base else "-",
+                    f"{r.peak_rss_mib:.0f}",
+                    "-" if not r.checks else ("ok" if r.checks.get("ok") else "MISMATCH"),
+                )
+            )
+        print()
+        print(f"Worker scaling: {self.args.events:,} events (30% duplicates, 1-2 KB bodies) per row")
+        wb.print_markdown(header, rows)
+        print(
+            "ratio: events/s over the passthrough's; CPU ratio: its CPU s/100k over the row's (summed over processes)"
+        )
+        print(
+            f"machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Python {info['python']}, "
+            f"Kafka {info['kafka']}, {info['libraries']}; load average at end {wb.loadavg()}"
+        )
+        for r in results:
+            if r.drain:
+                d = r.drain
+                print(
+                    f"{r.name}: drain {d.seconds:.1f}s, processes {d.cpu_seconds / d.seconds:.0%} of a CPU, "
+                    f"broker {d.broker_cpu_seconds / d.seconds:.0%}, all CPUs {d.machine_busy:.0%} busy"
+                    + (f"; store {r.preload}" if r.preload else "")
+                )
+        print(f"logs: {self.bench.work}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default=wb.os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument("--events", type=int, default=200_000, help="backlog records per row")
+    parser.add_argument(
+        "--store-keys", type=int, default=10_000_000, help="keys in the store of the last row"
+    )
+    parser.add_argument(
+        "--only", type=lambda s: s.split(","), default=None, help="rows by name, comma-separated"
+    )
+    parser.add_argument("--quick", action="store_true", help="40k events per row, 1M keys in store")
+    parser.add_argument("--seed", type=int, default=20241130)
+    parser.add_argument("--work-dir", default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.events, args.store_keys = 40_000, 1_000_000
+    # what worker_bench's helpers read
+    base = wb.parse_args(["--bootstrap", args.bootstrap, "--partitions", "4", "--latency-seconds", "0"])
+    for name, value in vars(base).items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        return asyncio.run(Scaling(args).run())
+    except KeyboardInterrupt:
+        print("interrupted: processes stopped, topics deleted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
