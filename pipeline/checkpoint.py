@@ -33,6 +33,7 @@ from pipeline.store import Change, PartitionStore
 log = logging.getLogger(__name__)
 
 Header = tuple[str, bytes | None]
+SEND_BYTES = 128 * 1024  # a batch this big is sent at the next drain instead of at the commit
 _NO_HEADERS: list[Header] = []  # aiokafka's C batch builder takes only a list; it never changes it
 
 
@@ -139,7 +140,17 @@ class PartitionCheckpoint:
                 raise PipelineError(f"a record of {len(value)} bytes does not fit in one batch for {topic}")
 
     async def drain(self) -> None:
-        """Hand the full batches to the producer (in the order they filled)."""
+        """Hand the full batches, and those past :data:`SEND_BYTES`, to the producer (in the order they filled).
+
+        The producer's batches may grow to the largest record size (4 MiB), so a
+        whole transaction would otherwise be sent at its commit and the commit
+        would wait for all of it; sent early, it travels while the next records
+        are handled.
+        """
+        for slot, batch in list(self._batches.items()):
+            if batch.size() >= SEND_BYTES:
+                self._full.append((slot, batch))
+                del self._batches[slot]
         full, self._full = self._full, []
         for slot, batch in full:
             await self._send(slot, batch)

@@ -14,7 +14,7 @@ from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.classify import Accepted, Classifier, Invalid, Reroute
 from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
 from pipeline.dedupe import Outcome, decide, fingerprint
-from pipeline.metrics import NullRecorder, Recorder
+from pipeline.metrics import NullRecorder, Recorder, Tally
 from pipeline.topology import Expiry, Route, Source, Topology
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,6 @@ class _Rule:
     volatile: tuple[str, ...]
 
 
-_NO_ROUTE = object()
 ROUTE_CACHE_SIZE = 4096
 CHUNK_RECORDS = 250  # records handled between two yields to the event loop
 
@@ -95,8 +94,8 @@ class PartitionProcessor:
         self.classifier = classifier
         self.checkpoint = checkpoint
         self.outputs = outputs
-        self.recorder: Recorder = recorder or NullRecorder()
-        self._routes: dict[tuple[str, str | None], Route | object | None] = {}
+        self.recorder = Tally(recorder or NullRecorder())  # flushed after each chunk
+        self._routes: dict[tuple[str, str | None], tuple[Route | None, Target | None]] = {}
         self._rules: dict[str, _Rule] = {}
 
     async def handle(self, records: Sequence[Any]) -> None:
@@ -128,15 +127,25 @@ class PartitionProcessor:
             else:
                 self._invalid(delivery, result)
             ckpt.consumed(delivery.offset, delivery.timestamp)
+        self.recorder.flush()
 
-    def _route(self, source: str, event_type: str | None) -> Route | None:
-        """``topology.route``, remembered per (source, event type) (bounded: event types come from input)."""
-        found = self._routes.get((source, event_type), _NO_ROUTE)
-        if found is _NO_ROUTE:
+    def _route(self, source: str, item: Accepted) -> tuple[Route | None, Target | None]:
+        """The route of ``item`` and, when it does not depend on the event, its target.
+
+        Remembered per (source, event type); bounded, since event types come from input.
+        """
+        found = self._routes.get((source, item.event_type))
+        if found is None:
             if len(self._routes) >= ROUTE_CACHE_SIZE:
                 self._routes.clear()
-            found = self._routes[(source, event_type)] = self.topology.route(source, event_type)
-        return found  # type: ignore[return-value]
+            route = self.topology.route(source, item.event_type)
+            static = (
+                resolve_target(self.topology, route, item)
+                if route is None or route.effect_key is None
+                else None
+            )
+            found = self._routes[(source, item.event_type)] = (route, static)
+        return found
 
     def _rule(self, source: Source) -> _Rule:
         rule = self._rules.get(source.name)
@@ -151,8 +160,9 @@ class PartitionProcessor:
     def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
         source = item.source
-        route = self._route(source.name, item.event_type)
-        target = resolve_target(self.topology, route, item)
+        route, target = self._route(source.name, item)
+        if target is None:
+            target = resolve_target(self.topology, route, item)
         if target is None:
             effect_path = route.effect_key if route else None
             error = f"the event has no value at effect_key {effect_path!r}"

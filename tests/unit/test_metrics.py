@@ -1,0 +1,27 @@
+"""Counting outcomes: sums per chunk reach the Prometheus counters unchanged."""
+
+from __future__ import annotations
+
+from pipeline.metrics import Tally, WorkerMetrics
+
+
+def test_a_tally_hands_on_exact_sums_and_starts_again() -> None:
+    """Counts kept in a Tally reach the worker's counters on flush, once, with the same totals."""
+    metrics = WorkerMetrics.create()
+    tally = Tally(metrics)
+    for _ in range(3):
+        tally.outcome("stripe", "first")
+    tally.outcome(None, "invalid")
+    tally.command("webhooks.events", 2)
+    tally.dlq("bad-signature")
+    assert (
+        metrics.registry.get_sample_value("pipeline_events_total", {"source": "stripe", "outcome": "first"})
+        is None
+    )
+    tally.flush()
+    tally.flush()
+    sample = metrics.registry.get_sample_value
+    assert sample("pipeline_events_total", {"source": "stripe", "outcome": "first"}) == 3
+    assert sample("pipeline_events_total", {"source": "unknown", "outcome": "invalid"}) == 1
+    assert sample("pipeline_commands_total", {"topic": "webhooks.events"}) == 2
+    assert sample("pipeline_dlq_records_total", {"reason": "bad-signature"}) == 1
