@@ -25,9 +25,12 @@ DEFAULT_TOPOLOGY = "topologies/default.toml"
 Handler = Callable[[argparse.Namespace], int]
 # The cyclic GC's first generation runs every 700 allocations by default. A
 # worker batch keeps thousands of parsed event trees alive until its commit,
-# so each run rescans them: about a fifth of the worker's CPU
-# (``bench/hotpath.py``). Nothing on the hot path makes reference cycles.
-GC_THRESHOLDS = (50_000, 20, 100)
+# so each run rescans them (5-20% of the worker's CPU, ``bench/hotpath.py``).
+# Not much higher than 10,000, though: some of what aiokafka's fetch path
+# allocates is freed only by the collector (its fetch buffers, by the look of
+# it), and at 50,000 a worker reading 1M small records peaked at 860 MiB RSS
+# instead of 290 MiB (``bench/worker_bench.py --only worker-preloaded``).
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 class Service(Protocol):
