@@ -15,47 +15,27 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError
 
 from pipeline import worker_http
-from pipeline.checkpoint import PartitionCheckpoint, TransactionFailedError
+from pipeline.checkpoint import TransactionFailedError
 from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
-from pipeline.effects import EffectProcessor
-from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreCorruptError, StoreError
-from pipeline.kafka import MAX_MESSAGE_BYTES, KeyPartitioner, owner_partition, partition_count
+from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreError
+from pipeline.kafka import KeyPartitioner, owner_partition, partition_count
 from pipeline.metrics import WorkerMetrics
-from pipeline.processor import OutputTopics, PartitionProcessor
-from pipeline.restore import restore
-from pipeline.store import PartitionStore, bucket_width
+from pipeline.partition import Partition, open_partition
+from pipeline.processor import OutputTopics
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-STORE_LOCK_WAIT = 30.0
 DISK_MEASURE_EVERY = 10.0  # seconds between walks of a store's files
-
-
-@dataclass
-class _Partition:
-    tp: TopicPartition
-    store: PartitionStore
-    producer: AIOKafkaProducer
-    checkpoint: PartitionCheckpoint
-    processor: PartitionProcessor | EffectProcessor
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    closed: bool = False
-    committing: bool = False
-    paused: bool = False  # by the loop, because records piled up during a commit
-    pending: list[Any] = field(default_factory=list)  # fetched during a commit, handled after it
-    disk_measured_at: float = 0.0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -78,7 +58,7 @@ class Worker:
         self.settings = settings
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
-        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._partitions: dict[TopicPartition, Partition] = {}
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._outputs: OutputTopics | None = None
@@ -254,7 +234,7 @@ class Worker:
             with contextlib.suppress(KeyError):  # never reported
                 gauge.remove(*labels)
 
-    def _observe_store(self, part: _Partition) -> None:
+    def _observe_store(self, part: Partition) -> None:
         labels = f"{part.tp.topic}-{part.tp.partition}"
         self.metrics.store_keys.labels(labels).set(part.store.key_count())
         now = time.monotonic()
@@ -262,7 +242,7 @@ class Worker:
             part.disk_measured_at = now
             self.metrics.store_bytes.labels(labels).set(part.store.disk_bytes())
 
-    def _hold(self, part: _Partition, records: Sequence[Any]) -> None:
+    def _hold(self, part: Partition, records: Sequence[Any]) -> None:
         """Keep records fetched while ``part`` commits, in order; pause it if they pile up."""
         part.pending.extend(records)
         consumer = self._require(self._consumer)
@@ -290,7 +270,7 @@ class Worker:
             self._commits.add(task)
             task.add_done_callback(self._commits.discard)
 
-    async def _commit(self, part: _Partition) -> None:
+    async def _commit(self, part: Partition) -> None:
         consumer = self._require(self._consumer)
         try:
             async with part.lock:
@@ -302,7 +282,7 @@ class Worker:
                 if not part.closed and part.tp in consumer.assignment():
                     consumer.resume(part.tp)
 
-    async def _commit_locked(self, part: _Partition) -> None:
+    async def _commit_locked(self, part: Partition) -> None:
         """Commit ``part``'s transaction; the caller holds its lock."""
         if part.closed or not part.checkpoint.in_transaction:
             return
@@ -328,7 +308,7 @@ class Worker:
             self.metrics.keys_expired.inc(expired)
         self._observe_store(part)
 
-    async def _drop_fenced(self, part: _Partition) -> None:
+    async def _drop_fenced(self, part: Partition) -> None:
         """Drop a partition another owner took over; the caller holds its lock."""
         log.warning("%s: fenced by a newer owner; dropping the partition", part.tp)
         consumer = self._require(self._consumer)
@@ -368,7 +348,7 @@ class Worker:
             log.info("%s: ready at committed offset %s", tp, committed)
         self.metrics.partitions.set(len(self._partitions))
 
-    async def _reopen_locked(self, part: _Partition) -> None:
+    async def _reopen_locked(self, part: Partition) -> None:
         """Replace a partition whose producer cannot continue; the caller holds its lock.
 
         The partition is closed without committing and opened again in the
@@ -403,11 +383,11 @@ class Worker:
             if part is not None:
                 await self._close(part, commit=commit)
 
-    async def _close(self, part: _Partition, *, commit: bool) -> None:
+    async def _close(self, part: Partition, *, commit: bool) -> None:
         async with part.lock:
             await self._close_locked(part, commit=commit)
 
-    async def _close_locked(self, part: _Partition, *, commit: bool) -> None:
+    async def _close_locked(self, part: Partition, *, commit: bool) -> None:
         """Close ``part``; the caller holds its lock."""
         if part.closed:
             return
@@ -420,80 +400,21 @@ class Worker:
                 log.warning("%s: could not commit on close: %s", part.tp, exc)
         else:
             await part.checkpoint.abort()
-        try:
-            await part.producer.stop()
-        except (KafkaError, IllegalOperation, AssertionError) as exc:  # a producer that went fatal
-            log.warning("%s: producer did not stop cleanly: %r", part.tp, exc)
-        part.store.close()
+        await part.release()
         self._forget_gauges(part.tp)
         self.metrics.partitions.set(len(self._partitions))
         log.info("%s: closed", part.tp)
 
-    async def _open(self, tp: TopicPartition) -> _Partition:
-        topics = self.topology.topics
-        path = Path(self.settings.state_dir) / f"{tp.topic}-{tp.partition}"
-        store = await self._open_store(path)
-        txn_id = f"{self.topology.app}-{self.settings.group}-{tp.topic}-{tp.partition}"
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap,
-            transactional_id=txn_id,
-            acks="all",
-            enable_idempotence=True,
-            max_batch_size=MAX_MESSAGE_BYTES,
-            max_request_size=MAX_MESSAGE_BYTES,
-            linger_ms=5,
-            client_id=txn_id,
+    async def _open(self, tp: TopicPartition) -> Partition:
+        return await open_partition(
+            tp,
+            changelog=TopicPartition(dict(self._stages())[tp.topic], tp.partition),
+            settings=self.settings,
+            topology=self.topology,
+            classifier=self._require(self._classifier),
+            outputs=self._require(self._outputs),
+            metrics=self.metrics,
         )
-        try:
-            await producer.start()  # InitProducerId: fences the previous owner, aborts its open transaction
-            changelog = TopicPartition(dict(self._stages())[tp.topic], tp.partition)
-            applied = await restore(
-                store,
-                changelog,
-                bootstrap=self.settings.bootstrap,
-                progress_every=self.settings.restore_progress_every,
-            )
-        except BaseException:
-            await producer.stop()
-            store.close()
-            raise
-        self.metrics.restore_records.inc(applied)
-        checkpoint = PartitionCheckpoint(
-            tp=tp, group=self.settings.group, producer=producer, store=store, changelog=changelog
-        )
-        processor: PartitionProcessor | EffectProcessor
-        if tp.topic == topics.input:
-            processor = PartitionProcessor(
-                tp=tp,
-                topology=self.topology,
-                classifier=self._require(self._classifier),
-                checkpoint=checkpoint,
-                outputs=self._require(self._outputs),
-                recorder=self.metrics,
-            )
-        else:
-            processor = EffectProcessor(
-                tp=tp,
-                topology=self.topology,
-                checkpoint=checkpoint,
-                outputs=self._require(self._outputs),
-                recorder=self.metrics,
-            )
-        return _Partition(tp, store, producer, checkpoint, processor)
-
-    async def _open_store(self, path: Path) -> PartitionStore:
-        width = bucket_width(int(self.topology.max_ttl.total_seconds() * 1000))
-        deadline = time.monotonic() + STORE_LOCK_WAIT
-        while True:
-            try:
-                return PartitionStore.open(path, bucket_ms=width)
-            except StoreCorruptError as exc:
-                log.warning("%s; wiping it and restoring from the changelog", exc)
-                PartitionStore.wipe(path)
-            except StoreError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
 
     @staticmethod
     def _require(value: _T | None) -> _T:
