@@ -75,6 +75,7 @@ class Classifier:
             for name, source in topology.sources.items()
         }
         self._secrets = {name: source.secrets(environ) for name, source in topology.sources.items()}
+        self._prefixes: dict[str, bytes] = {}
 
     def provider(self, source: str) -> Provider:
         """The preset serving ``source``."""
@@ -97,8 +98,7 @@ class Classifier:
             raise UnknownSourceError(f"source {source_name!r} is not in the topology")
         provider = self._providers[source_name]
         http = delivery.http_headers()
-        key = self._key(delivery, source_name, provider, http)
-        key_bytes = key.encode()
+        key, key_bytes = self._scoped_key(delivery, source_name, provider, http)
         owner = self.partitioner(key_bytes, self.input_partitions)
         if owner != delivery.partition:
             return Reroute(key=key, partition=owner, source=source_name)
@@ -112,6 +112,24 @@ class Classifier:
             event_type=provider.event_type(http, delivery.value),
             event=event,
         )
+
+    def _scoped_key(
+        self, delivery: Delivery, source: str, provider: Provider, http: Mapping[str, str]
+    ) -> tuple[str, bytes]:
+        """The key as text and bytes; a record key that is already scoped is used as it is."""
+        raw = delivery.key
+        prefix = self._prefixes.get(source)
+        if prefix is None:
+            prefix = self._prefixes[source] = f"{source}:".encode()
+        if raw and len(raw) > len(prefix) and raw.startswith(prefix):
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                text = ""  # the general path decodes with replacement
+            if text and not text[-1].isspace():
+                return text, raw
+        key = self._key(delivery, source, provider, http)
+        return key, key.encode()
 
     @staticmethod
     def _key(delivery: Delivery, source: str, provider: Provider, http: Mapping[str, str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -36,10 +37,15 @@ def parse_object(body: bytes, provider: str) -> dict[str, Any]:
     return parsed
 
 
+@functools.lru_cache(maxsize=1024)
+def _parts(path: str) -> tuple[str, ...]:
+    return tuple(path.split("."))
+
+
 def lookup(document: dict[str, Any], path: str) -> object:
     """The value at dotted ``path`` (``data.object.id``), or ``_MISSING``."""
     node: object = document
-    for part in path.split("."):
+    for part in _parts(path):
         if not isinstance(node, dict) or part not in node:
             return _MISSING
         node = node[part]

@@ -103,6 +103,31 @@ def test_an_unscoped_key_is_prefixed_with_its_source(classifier: Classifier) -> 
     assert result.key == "stripe:evt_1"
 
 
+@pytest.mark.parametrize(
+    ("record_key", "key"),
+    [
+        (b"stripe:evt_1", "stripe:evt_1"),
+        (b"  stripe:evt_1\n", "stripe:evt_1"),
+        ("stripe:evt_1\u2003".encode(), "stripe:evt_1"),  # Unicode whitespace is stripped too
+        (b"stripe:evt_\xff", "stripe:evt_\ufffd"),  # not UTF-8: decoded with replacement
+        (b"stripe:", None),  # a scope without an id: the DLQ, not the provider's id
+    ],
+)
+def test_record_keys_are_stripped_and_decoded_the_same_way_on_every_path(
+    classifier: Classifier, record_key: bytes, key: str | None
+) -> None:
+    """Whitespace around a record key never makes a second key for one event, however it is spelled."""
+    partition = owner_partition(key.encode(), PARTS) if key else 0
+    result = classifier.classify(_delivery(record_key, BODY, STRIPE, partition=partition))
+    if key is None:
+        assert isinstance(result, Invalid)
+        assert result.reason == "missing-key"
+        return
+    assert isinstance(result, Accepted)
+    assert result.key == key
+    assert result.key_bytes == key.encode()
+
+
 def _github(body: bytes, secret: str, received_at_ms: int) -> list[tuple[str, bytes]]:
     signed = sign("github", body, secret, timestamp=received_at_ms / 1000, msg_id="d-1", event_type="push")
     headers = [("source", b"github"), ("received-at", str(received_at_ms).encode())]
