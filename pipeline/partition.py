@@ -50,6 +50,7 @@ class Partition:
     committing: bool = False
     paused: bool = False  # by the loop, because records piled up during a commit
     pending: list[Any] = field(default_factory=list)  # fetched during a commit, handled after it
+    seeks: int = 0  # times the loop moved this partition's position back: records fetched before are stale
     disk_measured_at: float = 0.0
 
     async def release(self) -> None:

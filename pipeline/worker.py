@@ -161,8 +161,14 @@ class Worker:
                     timeout_ms=0 if ready else int(self.settings.commit_interval * 500),
                     max_records=self.settings.max_batch,
                 )
+                # Handling one partition yields to the loop, and a background commit that fails
+                # meanwhile moves its partition back (or a reopen replaces it): records fetched
+                # before that are stale and must not be handled, whatever partition they are for.
+                fetched = {tp: (part, part.seeks) for tp, part in self._partitions.items()}
                 for tp, records in batches.items():
                     part = self._partitions.get(tp)
+                    if part is not None and (part, part.seeks) != fetched.get(tp):
+                        continue
                     if part is not None and (part.committing or part.pending):
                         self._hold(part, records)
                     else:
@@ -217,7 +223,7 @@ class Worker:
                 if part.checkpoint.broken:
                     await self._reopen_locked(part)
                 else:
-                    self._require(self._consumer).seek(tp, min(start, first))
+                    self._seek(part, min(start, first))
 
     def _observe_lag(self, tp: TopicPartition, last_offset: int) -> None:
         highwater = self._require(self._consumer).highwater(tp)
@@ -241,6 +247,12 @@ class Worker:
         if now - part.disk_measured_at > DISK_MEASURE_EVERY:
             part.disk_measured_at = now
             self.metrics.store_bytes.labels(labels).set(part.store.disk_bytes())
+
+    def _seek(self, part: Partition, offset: int) -> None:
+        """Move ``part`` back to ``offset`` after an aborted transaction; drop what was fetched before."""
+        part.pending.clear()  # fetched before the seek: they come again after it
+        part.seeks += 1
+        self._require(self._consumer).seek(part.tp, offset)
 
     def _hold(self, part: Partition, records: Sequence[Any]) -> None:
         """Keep records fetched while ``part`` commits, in order; pause it if they pile up."""
@@ -295,11 +307,10 @@ class Worker:
             return
         except TransactionFailedError as exc:
             log.warning("%s: %s; redoing from offset %s", part.tp, exc, start)
-            part.pending.clear()  # fetched before the seek: they come again after it
             if part.checkpoint.broken:
                 await self._reopen_locked(part)
             elif start is not None:
-                self._require(self._consumer).seek(part.tp, start)
+                self._seek(part, start)
             return
         self.metrics.commit_seconds.observe(time.perf_counter() - began)
         self.metrics.batch_records.observe(records)
