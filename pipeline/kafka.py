@@ -173,6 +173,7 @@ async def ensure_topics(
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     message = rest[0] if rest else ""
                     raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
+            await _until_visible(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
             results += [TopicResult(s.name, "created", s.partitions) for s in missing]
         present = [s for s in specs if s.name in existing]
         to_alter = [s for s in present if s.configs]
@@ -188,6 +189,29 @@ async def ensure_topics(
             action = "updated" if spec.configs else "exists"
             results.append(TopicResult(spec.name, action, count, note))
         return results
+
+
+async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:
+    """Wait until the broker's metadata shows each created topic with all its partitions.
+
+    CreateTopics answers once the controller has created them; a fresh broker can
+    take a moment more to serve them, and a worker started right after
+    ``pipeline topics create`` would find them missing.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        described = await admin.describe_topics(list(wanted))
+        ready = {
+            t["topic"]
+            for t in described
+            if t.get("error_code", 0) == 0 and len(t.get("partitions") or ()) == wanted.get(t["topic"])
+        }
+        if ready >= set(wanted):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            missing = ", ".join(sorted(set(wanted) - ready))
+            raise PipelineError(f"topics created but not served by the broker after {timeout:g}s: {missing}")
+        await asyncio.sleep(0.1)
 
 
 async def partition_count(bootstrap: str, topic: str) -> int | None:
