@@ -11,6 +11,7 @@ partition, one transaction per batch with the changelog, audit and offsets.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +22,7 @@ from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.codec import Delivery, audit_value, dlq_value, parse_json_object
 from pipeline.dedupe import Outcome, decide
 from pipeline.metrics import NullRecorder, Recorder
-from pipeline.processor import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics
+from pipeline.processor import CHUNK_RECORDS, COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -46,16 +47,23 @@ class EffectProcessor:
         self.recorder: Recorder = recorder or NullRecorder()
 
     async def handle(self, records: Sequence[Any]) -> None:
-        """Process effect records into the open transaction."""
+        """Process effect records into the open transaction, in chunks, as the first stage does."""
         ckpt = self.checkpoint
         await ckpt.begin()
+        for start in range(0, len(records), CHUNK_RECORDS):
+            if start:
+                await asyncio.sleep(0)
+            self._chunk(records[start : start + CHUNK_RECORDS])
+            await ckpt.drain()
+
+    def _chunk(self, records: Sequence[Any]) -> None:
+        ckpt = self.checkpoint
         deliveries = Delivery.from_records(records)
         keys = [d.key for d in deliveries if d.key]
         known = ckpt.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
         for delivery in deliveries:
             self._one(delivery, known)
             ckpt.consumed(delivery.offset, delivery.timestamp)
-        await ckpt.drain()
 
     def _one(self, delivery: Delivery, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
