@@ -75,7 +75,7 @@ class Classifier:
             for name, source in topology.sources.items()
         }
         self._secrets = {name: source.secrets(environ) for name, source in topology.sources.items()}
-        self._prefixes: dict[str, bytes] = {}
+        self._prefixes = {name: f"{name}:".encode() for name in topology.sources}
 
     def provider(self, source: str) -> Provider:
         """The preset serving ``source``."""
@@ -118,9 +118,7 @@ class Classifier:
     ) -> tuple[str, bytes]:
         """The key as text and bytes; a record key that is already scoped is used as it is."""
         raw = delivery.key
-        prefix = self._prefixes.get(source)
-        if prefix is None:
-            prefix = self._prefixes[source] = f"{source}:".encode()
+        prefix = self._prefixes[source]
         if raw and len(raw) > len(prefix) and raw.startswith(prefix):
             try:
                 text = raw.decode()

@@ -11,7 +11,6 @@ partition, one transaction per batch with the changelog, audit and offsets.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from pipeline.checkpoint import PartitionCheckpoint
 from pipeline.codec import Delivery, audit_value, dlq_value, parse_json_object
 from pipeline.dedupe import Outcome, decide
 from pipeline.metrics import NullRecorder, Recorder
-from pipeline.processor import CHUNK_RECORDS, COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics
+from pipeline.processor import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics, handle_in_chunks
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -48,13 +47,7 @@ class EffectProcessor:
 
     async def handle(self, records: Sequence[Any]) -> None:
         """Process effect records into the open transaction, in chunks, as the first stage does."""
-        ckpt = self.checkpoint
-        await ckpt.begin()
-        for start in range(0, len(records), CHUNK_RECORDS):
-            if start:
-                await asyncio.sleep(0)
-            self._chunk(records[start : start + CHUNK_RECORDS])
-            await ckpt.drain()
+        await handle_in_chunks(self.checkpoint, records, self._chunk)
 
     def _chunk(self, records: Sequence[Any]) -> None:
         ckpt = self.checkpoint

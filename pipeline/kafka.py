@@ -12,6 +12,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -201,11 +202,7 @@ async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, 
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         described = await admin.describe_topics(list(wanted))
-        ready = {
-            t["topic"]
-            for t in described
-            if t.get("error_code", 0) == 0 and len(t.get("partitions") or ()) == wanted.get(t["topic"])
-        }
+        ready = {t["topic"] for t in described if _served_partitions(t) == wanted.get(t["topic"])}
         if ready >= set(wanted):
             return
         if asyncio.get_running_loop().time() > deadline:
@@ -218,6 +215,11 @@ async def partition_count(bootstrap: str, topic: str) -> int | None:
     """How many partitions ``topic`` has, or ``None`` when it does not exist."""
     async with admin_client(bootstrap) as admin:
         [described] = await admin.describe_topics([topic])
+    return _served_partitions(described)
+
+
+def _served_partitions(described: dict[str, Any]) -> int | None:
+    """The partition count in one topic's metadata, or ``None`` when the broker does not serve it."""
     if described.get("error_code", 0) != 0 or not described.get("partitions"):
         return None
     return len(described["partitions"])

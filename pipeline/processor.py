@@ -15,7 +15,7 @@ from pipeline.classify import Accepted, Classifier, Invalid, Reroute
 from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
 from pipeline.dedupe import Outcome, decide, fingerprint
 from pipeline.metrics import NullRecorder, Recorder, Tally
-from pipeline.topology import Expiry, Route, Source, Topology
+from pipeline.topology import Expiry, Route, Topology
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,23 @@ ROUTE_CACHE_SIZE = 4096
 CHUNK_RECORDS = 250  # records handled between two yields to the event loop
 
 
+async def handle_in_chunks(
+    checkpoint: PartitionCheckpoint, records: Sequence[Any], chunk: Callable[[Sequence[Any]], None]
+) -> None:
+    """Open the transaction, then ``chunk`` the records :data:`CHUNK_RECORDS` at a time.
+
+    The loop gets a turn between chunks, so the producer's sender and other
+    partitions' commits (each a few broker round trips) move on while a large
+    batch is handled; full batches leave at each turn.
+    """
+    await checkpoint.begin()
+    for start in range(0, len(records), CHUNK_RECORDS):
+        if start:
+            await asyncio.sleep(0)
+        chunk(records[start : start + CHUNK_RECORDS])
+        await checkpoint.drain()
+
+
 class PartitionProcessor:
     """Turns records of one input partition into commands, audit, changelog and DLQ records."""
 
@@ -96,22 +113,18 @@ class PartitionProcessor:
         self.outputs = outputs
         self.recorder = Tally(recorder or NullRecorder())  # flushed after each chunk
         self._routes: dict[tuple[str, str | None], tuple[Route | None, Target | None]] = {}
-        self._rules: dict[str, _Rule] = {}
+        self._rules = {
+            name: _Rule(
+                ttl_ms=int(source.ttl.total_seconds() * 1000),
+                sliding=source.expiry is Expiry.SLIDING,
+                volatile=VOLATILE_FIELDS.get(source.provider, ()),
+            )
+            for name, source in topology.sources.items()
+        }
 
     async def handle(self, records: Sequence[Any]) -> None:
-        """Process consumer records of this partition into the open transaction.
-
-        Works in chunks and yields to the event loop between them, so that the
-        producer's sender and other partitions' commits (each a few broker
-        round trips) move on while a large batch is being handled.
-        """
-        ckpt = self.checkpoint
-        await ckpt.begin()
-        for start in range(0, len(records), CHUNK_RECORDS):
-            if start:
-                await asyncio.sleep(0)
-            self._chunk(records[start : start + CHUNK_RECORDS])
-            await ckpt.drain()
+        """Process consumer records of this partition into the open transaction."""
+        await handle_in_chunks(self.checkpoint, records, self._chunk)
 
     def _chunk(self, records: Sequence[Any]) -> None:
         ckpt = self.checkpoint
@@ -147,16 +160,6 @@ class PartitionProcessor:
             found = self._routes[(source, item.event_type)] = (route, static)
         return found
 
-    def _rule(self, source: Source) -> _Rule:
-        rule = self._rules.get(source.name)
-        if rule is None:
-            rule = self._rules[source.name] = _Rule(
-                ttl_ms=int(source.ttl.total_seconds() * 1000),
-                sliding=source.expiry is Expiry.SLIDING,
-                volatile=VOLATILE_FIELDS.get(source.provider, ()),
-            )
-        return rule
-
     def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
         ckpt = self.checkpoint
         source = item.source
@@ -168,7 +171,7 @@ class PartitionProcessor:
             error = f"the event has no value at effect_key {effect_path!r}"
             self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
             return
-        rule = self._rule(source)
+        rule = self._rules[source.name]
         key_bytes = item.key_bytes
         existing = ckpt.staged(key_bytes) or known.get(key_bytes)
         decision = decide(
@@ -191,13 +194,13 @@ class PartitionProcessor:
         ckpt.emit(
             changelog.topic, changelog.partition, key=key_bytes, value=value, timestamp=delivery.timestamp
         )
-        extra: dict[str, Any] | None = None
+        extra: dict[str, Any] = {}
         if outcome is Outcome.FIRST and decision.previous is not None:
-            extra = {"previous_expired_at": decision.previous.expires_at}
+            extra["previous_expired_at"] = decision.previous.expires_at
         if target.topic is None:
-            extra = {**(extra or {}), "dropped_by_route": True}
+            extra["dropped_by_route"] = True
         if target.effect_key is not None:
-            extra = {**(extra or {}), "effect_key": target.effect_key}
+            extra["effect_key"] = target.effect_key
         if outcome is Outcome.CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
