@@ -125,10 +125,10 @@ def fill_stores(state: Path, input_topic: str, partitions: int, keys: int, *, no
                 last_seen=seen,
                 command="handle",
             )
-            batch = pending[owner_partition(key, partitions)]
+            part = owner_partition(key, partitions)
+            batch = pending[part]
             batch[key] = Change.of(entry)
             if len(batch) >= WRITE_BATCH:
-                part = owner_partition(key, partitions)
                 stores[part].write(batch, changelog_offset=None, stream_time=now_ms - 86_400_000)
                 pending[part] = {}
             if time.monotonic() - last_report >= 10:
@@ -155,9 +155,10 @@ class Scaling:
         stream = bench.require(bench.stream)
         app = bench.app(row.name)
         topo_path = wb.write_topology(bench.work / f"{app}.toml", app, row.partitions)
-        topics = topology.load(topo_path).topics
+        topo = topology.load(topo_path)
+        topics = topo.topics
         group, state = f"{app}-group", bench.work / f"{row.name}-state"
-        await bench.broker.create(kafka.topic_specs(topology.load(topo_path), row.partitions))
+        await bench.broker.create(kafka.topic_specs(topo, row.partitions))
         if row.store_keys:
             seconds = fill_stores(
                 state, topics.input, row.partitions, row.store_keys, now_ms=int(time.time() * 1000)

@@ -36,8 +36,8 @@ def test_murmur2_gives_the_java_clients_hashes(key: bytes, expected: int) -> Non
     assert owner_partition(key, 7) == (expected & 0x7FFFFFFF) % 7
 
 
-def test_key_partitioner_hashes_a_key_once_per_topic_size() -> None:
-    """A cached hash gives the same partition for any partition count as an uncached one."""
+def test_key_partitioner_places_keys_as_owner_partition_does() -> None:
+    """Cached hashes, also after the cache is cleared when full, give owner_partition's answer for any count."""
     partitioner = KeyPartitioner(max_keys=2)
     for key in (b"k1", b"k2", b"k3", b"k1"):
         for count in (1, 4, 12):
