@@ -35,13 +35,13 @@ from aiokafka.structs import ConsumerRecord
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_bench import make_stream, source_headers, write_topology
 
-from pipeline.checkpoint import PartitionCheckpoint
-from pipeline.classify import Classifier
 from pipeline.cli import tune_gc
 from pipeline.kafka import KeyPartitioner
-from pipeline.processor import OutputTopics, PartitionProcessor
-from pipeline.store import PartitionStore, bucket_width
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.transaction import PartitionCheckpoint
 from pipeline.topology import load
+from pipeline.worker.classify import Classifier
+from pipeline.worker.event_stage import OutputTopics, PartitionProcessor
 
 PARTITIONS = 4
 BATCH = 2000

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import kafka, topology  # noqa: E402
-from pipeline.ingress import Ingress, IngressSettings  # noqa: E402
+from pipeline.ingress.server import Ingress, IngressSettings  # noqa: E402
 from pipeline.providers.signing import sign  # noqa: E402
 
 SECRET = "whsec_bench_secret_0123456789abcdef"

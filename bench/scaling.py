@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import worker_bench as wb
 
 from pipeline import kafka, topology
-from pipeline.dedupe import Entry
 from pipeline.kafka import owner_partition
-from pipeline.store import Change, PartitionStore, bucket_width
+from pipeline.state.decision import Entry
+from pipeline.state.store import Change, PartitionStore, bucket_width
 
 TTL_MS = 7 * 86_400_000  # worker_bench's topology: ttl = "7d"
 WRITE_BATCH = 50_000

@@ -44,10 +44,12 @@ import struct
 import sys
 from typing import Any
 
-from pipeline import classify, cli, metrics, worker
-from pipeline import kafka as pipeline_kafka
+from pipeline import cli
 from pipeline.kafka import owner_partition
+from pipeline.kafka import partitioner as pipeline_kafka
 from pipeline.providers import _body
+from pipeline.worker import classify, metrics
+from pipeline.worker import loop as worker
 
 PATCHES = frozenset(
     p.strip()

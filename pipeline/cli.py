@@ -14,10 +14,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
+from pipeline.service import Service
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TOPOLOGY = "topologies/default.toml"
@@ -31,14 +32,6 @@ Handler = Callable[[argparse.Namespace], int]
 # it), and at 50,000 a worker reading 1M small records peaked at 860 MiB RSS
 # instead of 290 MiB (``bench/worker_bench.py --only worker-preloaded``).
 GC_THRESHOLDS = (10_000, 10, 10)
-
-
-class Service(Protocol):
-    """What the CLI runs until a signal: the worker, the ingress, ``up``."""
-
-    async def start(self) -> None: ...
-    async def run(self) -> None: ...
-    def stop(self) -> None: ...
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -75,7 +68,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     from pipeline import topology  # noqa: PLC0415
     from pipeline.config import WorkerSettings  # noqa: PLC0415
-    from pipeline.worker import Worker  # noqa: PLC0415
+    from pipeline.worker.loop import Worker  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     settings = WorkerSettings(
@@ -114,7 +107,7 @@ def _cmd_ingress(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.ingress import Ingress, IngressSettings  # noqa: PLC0415
+    from pipeline.ingress.server import Ingress, IngressSettings  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     settings = IngressSettings(
@@ -133,7 +126,7 @@ def _cmd_rescale(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.rescale import rescale  # noqa: PLC0415
+    from pipeline.ops.rescale import rescale  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     state = Path(args.state_file or f".state/rescale-{topo.app}-{args.group}.json")
@@ -146,7 +139,7 @@ def _cmd_rescale(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
-    from pipeline.up import Up, UpSettings  # noqa: PLC0415
+    from pipeline.ops.up import Up, UpSettings  # noqa: PLC0415
 
     settings = UpSettings(
         topology=Path(args.topology),
@@ -162,7 +155,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from pipeline.tools import tail  # noqa: PLC0415
+    from pipeline.ops.topic_io import tail  # noqa: PLC0415
 
     asyncio.run(
         tail(
@@ -180,7 +173,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.tools import print_progress, produce_file  # noqa: PLC0415
+    from pipeline.ops.topic_io import print_progress, produce_file  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     path = Path(args.file)
@@ -195,7 +188,7 @@ def _cmd_produce(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.inspect import inspect  # noqa: PLC0415
+    from pipeline.ops.lookup import inspect  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     workers = [w.strip() for w in (args.workers or "").split(",") if w.strip()]

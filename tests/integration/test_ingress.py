@@ -18,7 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline import kafka, topology
-from pipeline.ingress import Ingress, IngressSettings
+from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.kafka import owner_partition
 from pipeline.providers.signing import sign
 from tests.conftest import KAFKA_SH

@@ -12,9 +12,9 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from pipeline.checkpoint import PartitionCheckpoint, TransactionFailedError
-from pipeline.dedupe import Entry
-from pipeline.store import PartitionStore
+from pipeline.state.decision import Entry
+from pipeline.state.store import PartitionStore
+from pipeline.state.transaction import PartitionCheckpoint, TransactionFailedError
 
 HOUR = 3_600_000
 CHANGELOG = TopicPartition("changelog", 0)

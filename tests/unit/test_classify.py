@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 from pipeline import topology
-from pipeline.classify import Accepted, Classifier, Invalid, Reroute
-from pipeline.codec import Delivery
+from pipeline.contract import Delivery
 from pipeline.kafka import owner_partition
 from pipeline.providers.signing import sign
+from pipeline.worker.classify import Accepted, Classifier, Invalid, Reroute
 
 PARTS = 4
 SECRET = "whsec_test_secret"

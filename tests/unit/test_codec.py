@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.codec import Delivery
+from pipeline.contract import Delivery
 
 
 def _delivery(headers: list[tuple[str, bytes | None]], timestamp: int = 1_000) -> Delivery:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.dedupe import Entry, Outcome, decide, fingerprint
+from pipeline.state.decision import Entry, Outcome, decide, fingerprint
 
 TTL = 1_000
 

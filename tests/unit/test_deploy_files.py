@@ -21,9 +21,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from pipeline import topology
 from pipeline.cli import build_parser
-from pipeline.dedupe import Outcome
-from pipeline.ingress_metrics import IngressMetrics
-from pipeline.metrics import WorkerMetrics
+from pipeline.ingress.metrics import IngressMetrics
+from pipeline.state.decision import Outcome
+from pipeline.worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.codec import command_value
+from pipeline.contract import command_value
 from pipeline.downstream import Command, CommandRecordError, consumer_settings
 from pipeline.errors import InvalidRecordError
 

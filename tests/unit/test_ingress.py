@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from pipeline import topology
 from pipeline.errors import BrokerUnavailableError, ConfigError
-from pipeline.ingress import Ingress, IngressSettings, build_app
-from pipeline.ingress_sink import OutgoingRecord, Produced
+from pipeline.ingress.server import Ingress, IngressSettings, build_app
+from pipeline.ingress.sink import OutgoingRecord, Produced
 from pipeline.kafka import owner_partition
 from pipeline.providers.signing import sign
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.metrics import Tally, WorkerMetrics
+from pipeline.worker.metrics import Tally, WorkerMetrics
 
 
 def test_a_tally_hands_on_exact_sums_and_starts_again() -> None:

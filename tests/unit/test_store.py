@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dedupe import Entry
 from pipeline.errors import StoreCorruptError, StoreError
-from pipeline.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
+from pipeline.state.decision import Entry
+from pipeline.state.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
 
 HOUR = 3_600_000
 

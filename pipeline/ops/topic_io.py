@@ -15,9 +15,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline import providers
-from pipeline.codec import http_headers_to_kafka
+from pipeline.contract import http_headers_to_kafka
 from pipeline.errors import BrokerUnavailableError, InvalidRecordError, PipelineError
-from pipeline.kafka import owner_partition, partition_count
+from pipeline.kafka.admin import partition_count
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
 
 

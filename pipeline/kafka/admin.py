@@ -1,14 +1,9 @@
-"""Kafka wiring: topic administration, client settings and the key partitioner.
-
-Everything here talks to the broker; the pure logic (key extraction, the
-dedupe decision) lives elsewhere and imports nothing from this module.
-"""
+"""Topic administration: the topics a topology needs, created and checked idempotently."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,76 +11,15 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaConnectionError
 
 from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
-# Largest record any pipeline topic takes. A command embeds the webhook body and a DLQ record
-# carries it twice (text and base64), so a 1 MiB body (the ingress limit) needs well over the
-# broker's 1 MiB default.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-
-_M = 0x5BD1E995
-_MASK = 0xFFFFFFFF
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) as an unsigned 32-bit int.
-
-    The same hash as ``aiokafka.partitioner.murmur2``, about twice as fast: the
-    4-byte words are unpacked in one call instead of byte by byte.
-    """
-    length = len(data)
-    h = (0x9747B28C ^ length) & _MASK
-    words = length >> 2
-    for word in struct.unpack_from(f"<{words}I", data):
-        k = (word * _M) & _MASK
-        k ^= k >> 24
-        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
-    tail = length & 3
-    if tail:
-        i = words << 2
-        if tail == 3:
-            h ^= data[i + 2] << 16
-        if tail >= 2:
-            h ^= data[i + 1] << 8
-        h ^= data[i]
-        h = (h * _M) & _MASK
-    h ^= h >> 13
-    h = (h * _M) & _MASK
-    return h ^ (h >> 15)
-
-
-def owner_partition(key: bytes, partitions: int) -> int:
-    """The partition the Java client's default partitioner gives ``key`` (murmur2)."""
-    return int(murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-class KeyPartitioner:
-    """:func:`owner_partition` that hashes each key once.
-
-    A record's key is placed on the input, audit, command and changelog topics;
-    murmur2 in pure Python is the costliest step of that, so recent hashes are
-    kept (bounded; cleared when full).
-    """
-
-    def __init__(self, max_keys: int = 65_536) -> None:
-        self._hashes: dict[bytes, int] = {}
-        self._max_keys = max_keys
-
-    def __call__(self, key: bytes, partitions: int) -> int:
-        """The partition of ``key`` among ``partitions``."""
-        hashed = self._hashes.get(key)
-        if hashed is None:
-            if len(self._hashes) >= self._max_keys:
-                self._hashes.clear()
-            hashed = self._hashes[key] = int(murmur2(key) & 0x7FFFFFFF)
-        return hashed % partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,18 +170,3 @@ async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[s
         for _code, _message, _type, name, entries in response.resources:
             configs[name] = {entry[0]: entry[1] for entry in entries}
     return configs
-
-
-__all__ = [
-    "MAX_MESSAGE_BYTES",
-    "KafkaError",
-    "KeyPartitioner",
-    "TopicResult",
-    "TopicSpec",
-    "admin_client",
-    "describe_topic_configs",
-    "ensure_topics",
-    "owner_partition",
-    "partition_count",
-    "topic_specs",
-]

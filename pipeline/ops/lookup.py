@@ -18,7 +18,8 @@ import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.kafka import owner_partition, partition_count
+from pipeline.kafka.admin import partition_count
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
 
 

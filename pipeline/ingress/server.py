@@ -27,15 +27,15 @@ from aiohttp import web
 
 from pipeline import topology
 from pipeline.errors import ConfigError
-from pipeline.ingress_app import (
+from pipeline.ingress.app import (
     DEFAULT_MAX_BODY_BYTES,
     HANDLERS,
     BodyTooLargeError,
     NoSecretError,
     build_app,
 )
-from pipeline.ingress_metrics import IngressMetrics
-from pipeline.ingress_sink import KafkaSink, Sink
+from pipeline.ingress.metrics import IngressMetrics
+from pipeline.ingress.sink import KafkaSink, Sink
 from pipeline.topology import Topology
 
 __all__ = [

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
-from pipeline.dedupe import Entry
 from pipeline.errors import StoreCorruptError, StoreError
+from pipeline.state.decision import Entry
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import kafka, topology
-from pipeline.cli import Service
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.ingress import Ingress, IngressSettings
+from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.providers.signing import sign
+from pipeline.service import Service
 from pipeline.topology import Topology, Verify
-from pipeline.worker import Worker
+from pipeline.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class Up:
                 await self._stop_broker()
 
     async def _demo(self) -> None:
-        from pipeline.demo import run_demo  # noqa: PLC0415
+        from pipeline.ops.demo import run_demo  # noqa: PLC0415
 
         await asyncio.sleep(2.0)  # let the worker join its group
         self.out("Demo: sending signed webhooks with retries, a redelivery and forgeries ...")

@@ -13,8 +13,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pipeline.dedupe import Entry
-from pipeline.store import PartitionStore
+from pipeline.state.decision import Entry
+from pipeline.state.store import PartitionStore
 
 # (topic, partition) -> store, for the partitions this worker owns now
 Stores = Callable[[], Mapping[tuple[str, int], PartitionStore]]

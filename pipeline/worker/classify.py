@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from pipeline import providers
-from pipeline.codec import IDEMPOTENCY_KEY_HEADER, Delivery
+from pipeline.contract import IDEMPOTENCY_KEY_HEADER, Delivery
 from pipeline.errors import InvalidRecordError, MissingKeyError, UnknownSourceError
 from pipeline.providers.base import Provider
 from pipeline.topology import Source, Topology, Verify

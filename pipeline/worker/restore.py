@@ -8,8 +8,8 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Gauge
 
-from pipeline.dedupe import Entry
-from pipeline.store import Change, PartitionStore
+from pipeline.state.decision import Entry
+from pipeline.state.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewPartitions
 
-from pipeline.dedupe import Entry
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.kafka import admin_client, owner_partition, partition_count, topic_specs
+from pipeline.kafka.admin import admin_client, partition_count, topic_specs
+from pipeline.kafka.partitioner import owner_partition
+from pipeline.state.decision import Entry
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)

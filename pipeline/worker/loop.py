@@ -21,16 +21,17 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError
 
-from pipeline import worker_http
-from pipeline.checkpoint import TransactionFailedError
-from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PartitionFencedError, PipelineError, StoreError
-from pipeline.kafka import KeyPartitioner, owner_partition, partition_count
-from pipeline.metrics import WorkerMetrics
-from pipeline.partition import Partition, open_partition
-from pipeline.processor import OutputTopics
+from pipeline.kafka.admin import partition_count
+from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
+from pipeline.state.transaction import TransactionFailedError
 from pipeline.topology import Topology
+from pipeline.worker import http as worker_http
+from pipeline.worker.classify import Classifier
+from pipeline.worker.event_stage import OutputTopics
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.partition import Partition, open_partition
 
 log = logging.getLogger(__name__)
 

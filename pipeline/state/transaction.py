@@ -26,9 +26,9 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
-from pipeline.dedupe import Entry
 from pipeline.errors import PartitionFencedError, PipelineError
-from pipeline.store import Change, PartitionStore
+from pipeline.state.decision import Entry
+from pipeline.state.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The ingress's aiohttp application: ``POST /webhooks/{source}``, probes and metrics.
 
-:func:`build_app` wires the handlers to a :class:`~pipeline.ingress_sink.Sink`; the
-:class:`~pipeline.ingress.Ingress` service runs it on a port with a Kafka sink, and tests
-run it with ``aiohttp.test_utils`` and a fake sink. See :mod:`pipeline.ingress` for what
+:func:`build_app` wires the handlers to a :class:`~pipeline.ingress.sink.Sink`; the
+:class:`~pipeline.ingress.server.Ingress` service runs it on a port with a Kafka sink, and tests
+run it with ``aiohttp.test_utils`` and a fake sink. See :mod:`pipeline.ingress.server` for what
 each endpoint answers.
 """
 
@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline import codec, providers
+from pipeline import contract, providers
 from pipeline.errors import (
     BodyError,
     BrokerUnavailableError,
@@ -27,13 +27,13 @@ from pipeline.errors import (
     SignatureError,
     UnknownSourceError,
 )
-from pipeline.ingress_metrics import UNKNOWN_SOURCE_LABEL, IngressMetrics
-from pipeline.ingress_sink import OutgoingRecord, Produced, RecordTooLargeForBrokerError, Sink
-from pipeline.kafka import owner_partition
+from pipeline.ingress.metrics import UNKNOWN_SOURCE_LABEL, IngressMetrics
+from pipeline.ingress.sink import OutgoingRecord, Produced, RecordTooLargeForBrokerError, Sink
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.base import Provider
 from pipeline.topology import Topology, Verify
 
-log = logging.getLogger("pipeline.ingress")
+log = logging.getLogger("pipeline.ingress.server")
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -204,7 +204,7 @@ class _Handlers:
         record = OutgoingRecord(
             key=key_bytes,
             value=body,
-            headers=codec.http_headers_to_kafka(
+            headers=contract.http_headers_to_kafka(
                 request.headers, source=source.name, received_at=received_ms, skip=skip
             ),
             partition=owner_partition(key_bytes, self.sink.partitions),
@@ -294,7 +294,7 @@ class _Handlers:
         )
 
 
-HANDLERS = web.AppKey("pipeline.ingress.handlers", _Handlers)
+HANDLERS = web.AppKey("pipeline.ingress.server.handlers", _Handlers)
 
 
 def build_app(

@@ -10,12 +10,12 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.checkpoint import PartitionCheckpoint
-from pipeline.classify import Accepted, Classifier, Invalid, Reroute
-from pipeline.codec import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
-from pipeline.dedupe import Outcome, decide, fingerprint
-from pipeline.metrics import NullRecorder, Recorder, Tally
+from pipeline.contract import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
+from pipeline.state.decision import Outcome, decide, fingerprint
+from pipeline.state.transaction import PartitionCheckpoint
 from pipeline.topology import Expiry, Route, Topology
+from pipeline.worker.classify import Accepted, Classifier, Invalid, Reroute
+from pipeline.worker.metrics import NullRecorder, Recorder, Tally
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError
 
-from pipeline.checkpoint import PartitionCheckpoint
-from pipeline.classify import Classifier
 from pipeline.config import WorkerSettings
-from pipeline.effects import EffectProcessor
 from pipeline.errors import StoreCorruptError, StoreError
-from pipeline.kafka import MAX_MESSAGE_BYTES
-from pipeline.metrics import WorkerMetrics
-from pipeline.processor import OutputTopics, PartitionProcessor
-from pipeline.restore import restore
-from pipeline.store import PartitionStore, bucket_width
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.transaction import PartitionCheckpoint
 from pipeline.topology import Topology
+from pipeline.worker.classify import Classifier
+from pipeline.worker.effect_stage import EffectProcessor
+from pipeline.worker.event_stage import OutputTopics, PartitionProcessor
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.restore import restore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The effect stage: commands keyed and partitioned by their effect key, deduped once more.
 
 A route with an ``effect_key`` sends its commands here instead of to the
-command topic (see :func:`pipeline.processor.resolve_target`). Two different
+command topic (see :func:`pipeline.worker.event_stage.resolve_target`). Two different
 events that mean the same effect (Stripe's ``checkout.session.completed`` and
 ``payment_intent.succeeded`` for one payment) meet on one partition of the
 effects topic, and only the first within the effect TTL reaches the command
@@ -17,12 +17,17 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.checkpoint import PartitionCheckpoint
-from pipeline.codec import Delivery, audit_value, dlq_value, parse_json_object
-from pipeline.dedupe import Outcome, decide
-from pipeline.metrics import NullRecorder, Recorder
-from pipeline.processor import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, OutputTopics, handle_in_chunks
+from pipeline.contract import Delivery, audit_value, dlq_value, parse_json_object
+from pipeline.state.decision import Outcome, decide
+from pipeline.state.transaction import PartitionCheckpoint
 from pipeline.topology import Topology
+from pipeline.worker.event_stage import (
+    COMMAND_TOPIC_HEADER,
+    EFFECT_TTL_HEADER,
+    OutputTopics,
+    handle_in_chunks,
+)
+from pipeline.worker.metrics import NullRecorder, Recorder
 
 log = logging.getLogger(__name__)
 

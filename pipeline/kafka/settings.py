@@ -1,0 +1,8 @@
+"""Kafka settings the pipeline's topics and clients share."""
+
+from __future__ import annotations
+
+# Largest record any pipeline topic takes. A command embeds the webhook body and a DLQ record
+# carries it twice (text and base64), so a 1 MiB body (the ingress limit) needs well over the
+# broker's 1 MiB default.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024

@@ -1,0 +1,1 @@
+"""Operator tools: up, demo, tail, produce, inspect, rescale."""
