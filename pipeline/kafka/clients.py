@@ -1,0 +1,52 @@
+"""Every Kafka client the worker makes, with its settings, in one place."""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from pipeline.config import WorkerSettings
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+
+
+def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
+    """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions)."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        group_id=settings.group,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_poll_records=settings.max_batch,
+        fetch_max_bytes=settings.fetch_max_bytes,
+        max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+        session_timeout_ms=settings.session_timeout_ms,
+        group_instance_id=settings.instance_id,
+        heartbeat_interval_ms=max(settings.session_timeout_ms // 5, 300),
+        client_id=f"pipeline-worker-{settings.group}",
+    )
+
+
+def transactional_producer(settings: WorkerSettings, transactional_id: str) -> AIOKafkaProducer:
+    """One partition's producer; starting it fences any older producer with the same id."""
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap,
+        transactional_id=transactional_id,
+        acks="all",
+        enable_idempotence=True,
+        max_batch_size=MAX_MESSAGE_BYTES,
+        max_request_size=MAX_MESSAGE_BYTES,
+        linger_ms=settings.linger_ms,
+        client_id=transactional_id,
+    )
+
+
+def restore_consumer(bootstrap: str, *, fetch_bytes: int) -> AIOKafkaConsumer:
+    """A group-less read_committed consumer for replaying changelogs."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=min(fetch_bytes, 16 * 1024 * 1024),
+        fetch_max_bytes=fetch_bytes,
+    )
