@@ -57,6 +57,12 @@ class WorkerSettings:
             problems.append(f"metrics port must be in [0, 65535], got {self.metrics_port}")
         if not 1_000 <= self.session_timeout_ms <= 300_000:
             problems.append(f"session timeout must be in [1000, 300000] ms, got {self.session_timeout_ms}")
+        problems += self._operational_problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def _operational_problems(self) -> list[str]:
+        problems = []
         if not 1 <= self.chunk_records <= 100_000:
             problems.append(f"chunk records must be in [1, 100000], got {self.chunk_records}")
         if not 1024 <= self.send_bytes <= 64 * MIB:
@@ -71,8 +77,7 @@ class WorkerSettings:
             value = getattr(self, name)
             if not 0 < value <= 86_400:
                 problems.append(f"{name.replace('_', ' ')} must be in (0, 86400] seconds, got {value}")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
 
 WORKER_DEFAULTS: dict[str, Any] = {
