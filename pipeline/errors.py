@@ -69,6 +69,18 @@ class SignatureError(InvalidRecordError):
     reason = "bad-signature"
 
 
+class InvalidHeaderError(InvalidRecordError):
+    """A header the contract defines has a value out of its range (``received-at`` not a sane time)."""
+
+    reason = "bad-header"
+
+
+class RecordTooLargeError(InvalidRecordError):
+    """An output record (command, rerouted copy) is larger than its topic accepts."""
+
+    reason = "too-large"
+
+
 class BrokerUnavailableError(PipelineError):
     """The Kafka broker cannot be reached or did not answer in time."""
 
@@ -82,10 +94,45 @@ class StoreError(PipelineError):
     reason = "store"
 
 
+class StoreLockedError(StoreError):
+    """Another process (or a previous owner in this one) still holds the store's lock; wait and retry."""
+
+    retriable = True
+    reason = "store-locked"
+
+
 class StoreCorruptError(StoreError):
     """The local state store cannot be read; it is wiped and restored from the changelog."""
 
     reason = "store-corrupt"
+
+
+class StoreUnusableError(StoreError):
+    """The state directory cannot be used (permissions, read-only, disk full, not a directory).
+
+    Retried with backoff for a bounded time (an operator may fix it); never wiped.
+    """
+
+    retriable = True
+    reason = "store-unusable"
+
+
+class StoreIdentityError(StoreError):
+    """The store on disk belongs to another app, group, topic, partition or changelog; never reused."""
+
+    reason = "store-identity"
+
+
+class IllegalTransitionError(PipelineError):
+    """A partition was asked to move between two lifecycle states that are not connected (a bug)."""
+
+    reason = "illegal-transition"
+
+
+class PartitionUnservedError(PipelineError):
+    """An assigned partition could not be opened within its deadline; the worker exits non-zero."""
+
+    reason = "partition-unserved"
 
 
 class PartitionFencedError(PipelineError):
