@@ -10,10 +10,11 @@ partition, offset) to ``--out``; it stops after ``--expect`` commands or after
 read_committed: faust-streaming has no setting for the consumer's isolation
 level. Its aiokafka driver uses ``read_committed`` only when
 ``processing_guarantee="exactly_once"``, which also turns on its transactional
-producer machinery (the part ``DESIGN.md`` decision 1 avoids). This app keeps
-at-least-once processing and swaps in a transport whose consumer is created
-with ``isolation_level="read_committed"`` (``ReadCommittedTransport``). Without
-it, the app would also receive the commands of aborted transactions.
+producer machinery (the part ``docs/design.md`` section 4, decision 1,
+avoids). This app keeps at-least-once processing and swaps in a transport
+whose consumer is created with ``isolation_level="read_committed"``
+(``ReadCommittedTransport``). Without it, the app would also receive the
+commands of aborted transactions.
 Delivery stays at least once either way: make the effects idempotent (see
 ``postgres_orders.py``).
 """
@@ -35,7 +36,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 
 class CommandRecord(faust.Record, serializer="json", validation=True):
-    """The contract's command (``DESIGN.md``, Command topics), as a faust Record; field types are checked."""
+    """The contract's command (``docs/design.md``, section 3), as a faust Record; field types are checked."""
 
     command: str
     key: str

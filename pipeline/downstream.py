@@ -12,7 +12,7 @@ the topic from the beginning. So a downstream service must
    (psycopg 3, sync) and :func:`apply_once_async` do against PostgreSQL.
 
 :class:`Command` is the typed form of the contract's command record
-(``DESIGN.md``, "Command topics").
+(``docs/design.md``, section 3, "The record contract").
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ partition is the current event's partition), ``async for key, value in
 stream.items()``, ``if key in table``, ``table[key] = ...``,
 ``await topic.send(...)``. The processing guarantee is an app setting. The
 table is keyed by the idempotency key and remembers it (no windowing: faust's
-windowed-table expiry is wall-clock based, see DESIGN.md, so a TTL is left out
-here, which only makes faust's job easier).
+windowed-table expiry is wall-clock based, see ``docs/design.md``, section 4,
+decision 1, so a TTL is left out here, which only makes faust's job easier).
 """
 
 from __future__ import annotations
