@@ -1,4 +1,4 @@
-"""The records the pipeline reads and writes, as the contract in DESIGN.md gives them.
+"""The records the pipeline reads and writes, as the contract in docs/design.md gives them.
 
 Input records: key ``<source>:<id>`` (or empty), value the raw body, headers
 ``source``, ``received-at`` and ``http-<name>``. Output records: commands,
