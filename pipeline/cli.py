@@ -13,15 +13,27 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline import __version__
+from pipeline.config import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_TOPOLOGY,
+    INGRESS_OPTIONS,
+    WORKER_DEFAULTS,
+    WORKER_OPTIONS,
+    Option,
+    WorkerSettings,
+)
 from pipeline.errors import PipelineError
 from pipeline.service import Service
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_TOPOLOGY = "topologies/default.toml"
+if TYPE_CHECKING:
+    from pipeline.ingress.server import IngressSettings
 
 Handler = Callable[[argparse.Namespace], int]
 # The cyclic GC's first generation runs every 700 allocations by default. A
@@ -46,9 +58,180 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--topology",
-        default=_env("PIPELINE_TOPOLOGY", DEFAULT_TOPOLOGY),
+        default=_env("PIPELINE_TOPOLOGY", str(DEFAULT_TOPOLOGY)),
         help="topology file (env PIPELINE_TOPOLOGY, default %(default)s)",
     )
+
+
+# -- settings options: one flag and one environment variable per settings field -------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Setting:
+    """A settings option added to a parser: how its text parses, and its default (in the flag's unit)."""
+
+    option: Option
+    parse: Callable[[str], Any]
+    default: Any
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose settings options also read environment variables.
+
+    A settings option missing from the command line takes its variable's value, else
+    its default. A variable that does not parse ends the program with one line on
+    stderr and exit status 2. ``populate`` adds the options on first use, so a
+    command's imports happen only when that command runs or shows its help.
+    """
+
+    def __init__(self, *args: Any, populate: Callable[[_Parser], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings: list[_Setting] = []
+        self._populate = populate
+
+    def _ready(self) -> None:
+        if self._populate is not None:
+            populate, self._populate = self._populate, None
+            populate(self)
+
+    def format_help(self) -> str:
+        """The help text, settings options included."""
+        self._ready()
+        return super().format_help()
+
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        """Parse ``args``; a settings option not given takes its environment variable, else its default."""
+        self._ready()
+        parsed, extras = super().parse_known_args(args, namespace)
+        for setting in self.settings:
+            if not hasattr(parsed, setting.option.dest):
+                setattr(parsed, setting.option.dest, self._from_env(setting))
+        return parsed, extras
+
+    def _from_env(self, setting: _Setting) -> Any:
+        text = os.environ.get(setting.option.env, "")
+        if not text:
+            return setting.default
+        try:
+            return setting.parse(text)
+        except argparse.ArgumentTypeError as exc:
+            self.exit(2, f"{self.prog}: error: environment variable {setting.option.env}: {exc}\n")
+
+
+def _kinds(settings_class: type) -> dict[str, tuple[type, bool]]:
+    """Each field's type, and whether it may be None."""
+    kinds = {}
+    for name, hint in typing.get_type_hints(settings_class).items():
+        members = [m for m in typing.get_args(hint) if m is not type(None)]
+        kinds[name] = (members[0] if members else hint, len(members) < len(typing.get_args(hint)))
+    return kinds
+
+
+def _text_parser(kind: type, *, optional: bool) -> Callable[[str], Any]:
+    """How a flag's or a variable's text becomes the value (a path stays text)."""
+
+    def parse(text: str) -> Any:
+        if optional and text.strip().lower() in ({""} if kind is str else {"", "none", "off"}):
+            return None
+        if kind is bool:
+            word = text.strip().lower()
+            if word not in {"true", "1", "yes", "on", "false", "0", "no", "off"}:
+                raise argparse.ArgumentTypeError(f"{text[:40]!r} is not true or false")
+            return word in {"true", "1", "yes", "on"}
+        if kind in {int, float}:
+            try:
+                return kind(text)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
+        return text
+
+    return parse
+
+
+def settings_defaults(settings_class: type, options: Sequence[Option]) -> dict[str, Any]:
+    """Each option's default in its flag's unit: the field's dataclass default, else the option's."""
+    defaults = {f.name: f.default for f in fields(settings_class) if f.default is not MISSING}
+    return {o.field: o.to_flag(defaults.get(o.field, o.default)) for o in options}
+
+
+def shown(value: Any) -> str:
+    """A default as ``--help`` and docs/operations.md show it."""
+    if value is None:
+        return "none"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _metavar(option: Option, kind: type) -> str:
+    if option.ms or option.field.endswith("_ms"):
+        return "MS"
+    if option.field.endswith("_bytes"):
+        return "BYTES"
+    return "SECONDS" if kind is float else option.dest.upper()
+
+
+def _add_settings(parser: _Parser, settings_class: type, options: Sequence[Option]) -> None:
+    """One flag per option, reading its environment variable and showing its default."""
+    kinds = _kinds(settings_class)
+    defaults = settings_defaults(settings_class, options)
+    for option in options:
+        kind, optional = kinds[option.field]
+        parse = _text_parser(int if option.ms else kind, optional=optional)
+        text = f"{option.help} (env {option.env}; default {shown(defaults[option.field])})"
+        help_text = text.replace("%", "%%")
+        if kind is bool:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                type=parse,
+                default=argparse.SUPPRESS,
+                metavar=_metavar(option, kind),
+                help=help_text,
+            )
+        parser.settings.append(_Setting(option, parse, defaults[option.field]))
+
+
+def _settings_values(
+    args: argparse.Namespace, settings_class: type, options: Sequence[Option]
+) -> dict[str, Any]:
+    kinds = _kinds(settings_class)
+    values = {}
+    for option in options:
+        value = option.to_field(getattr(args, option.dest))
+        values[option.field] = Path(value) if kinds[option.field][0] is Path and value is not None else value
+    return values
+
+
+def worker_settings(args: argparse.Namespace) -> WorkerSettings:
+    """The worker's settings from parsed ``pipeline worker`` arguments; raise ConfigError if one is out of range."""
+    return WorkerSettings(**_settings_values(args, WorkerSettings, WORKER_OPTIONS))
+
+
+def ingress_settings(args: argparse.Namespace) -> IngressSettings:
+    """The ingress's settings from parsed ``pipeline ingress`` arguments; raise ConfigError if one is out of range."""
+    from pipeline.ingress.server import IngressSettings  # noqa: PLC0415  (aiohttp: only for the ingress)
+
+    return IngressSettings(**_settings_values(args, IngressSettings, INGRESS_OPTIONS))
+
+
+def _add_worker_settings(parser: _Parser) -> None:
+    _add_settings(parser, WorkerSettings, WORKER_OPTIONS)
+
+
+def _add_ingress_settings(parser: _Parser) -> None:
+    from pipeline.ingress.server import IngressSettings  # noqa: PLC0415  (aiohttp: only for the ingress)
+
+    _add_settings(parser, IngressSettings, INGRESS_OPTIONS)
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
@@ -64,24 +247,11 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from pathlib import Path  # noqa: PLC0415
-
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.config import WorkerSettings  # noqa: PLC0415
     from pipeline.worker.loop import Worker  # noqa: PLC0415
 
-    topo = topology.load(args.topology)
-    settings = WorkerSettings(
-        bootstrap=args.bootstrap,
-        topology=Path(args.topology),
-        state_dir=Path(args.state_dir),
-        group=args.group,
-        metrics_port=args.metrics_port,
-        commit_interval=args.commit_interval_ms / 1000,
-        max_batch=args.max_batch,
-        session_timeout_ms=args.session_timeout_ms,
-        instance_id=args.instance_id or None,
-    )
+    settings = worker_settings(args)
+    topo = topology.load(settings.topology)
     return asyncio.run(_run_service(Worker(settings, topo)))
 
 
@@ -104,21 +274,11 @@ def tune_gc() -> None:
 
 
 def _cmd_ingress(args: argparse.Namespace) -> int:
-    from pathlib import Path  # noqa: PLC0415
-
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.ingress.server import Ingress, IngressSettings  # noqa: PLC0415
+    from pipeline.ingress.server import Ingress  # noqa: PLC0415
 
-    topo = topology.load(args.topology)
-    settings = IngressSettings(
-        bootstrap=args.bootstrap,
-        topology=Path(args.topology),
-        host=args.host,
-        port=args.port,
-        max_body_bytes=args.max_body_bytes,
-        produce_timeout=args.produce_timeout,
-        trust_forwarded=args.trust_forwarded,
-    )
+    settings = ingress_settings(args)
+    topo = topology.load(settings.topology)
     return asyncio.run(_run_service(Ingress(settings, topo)))
 
 
@@ -206,9 +366,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="pipeline", description=__doc__.splitlines()[1] if __doc__ else None
-    )
+    parser = _Parser(prog="pipeline", description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--log-level", default=_env("PIPELINE_LOG_LEVEL", "INFO"), help="default %(default)s")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -223,41 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
     create.set_defaults(handler=_cmd_topics)
 
-    worker = commands.add_parser("worker", help="run a dedupe worker (joins the consumer group)")
-    _common(worker)
-    worker.add_argument(
-        "--state-dir",
-        default=_env("PIPELINE_STATE_DIR", ".state/worker"),
-        help="where the RocksDB stores live (env PIPELINE_STATE_DIR, default %(default)s)",
-    )
-    worker.add_argument(
-        "--group",
-        default=_env("PIPELINE_GROUP", "webhook-dedupe"),
-        help="consumer group (env PIPELINE_GROUP)",
-    )
-    worker.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(_env("PIPELINE_METRICS_PORT", "0") or 0) or None,
-        help="serve Prometheus metrics on this port (env PIPELINE_METRICS_PORT)",
-    )
-    worker.add_argument(
-        "--commit-interval-ms", type=int, default=100, help="longest a transaction stays open"
-    )
-    worker.add_argument(
-        "--max-batch", type=int, default=2000, help="input records after which a transaction commits"
-    )
-    worker.add_argument(
-        "--session-timeout-ms",
-        type=int,
-        default=int(_env("PIPELINE_SESSION_TIMEOUT_MS", "10000") or 10000),
-        help="how long a silent worker keeps its partitions (env PIPELINE_SESSION_TIMEOUT_MS)",
-    )
-    worker.add_argument(
-        "--instance-id",
-        default=_env("PIPELINE_INSTANCE_ID"),
-        help="static group membership (env PIPELINE_INSTANCE_ID, e.g. the pod name): a restarted worker "
-        "gets its partitions back without a rebalance; a removed one keeps them until the session times out",
+    worker = commands.add_parser(
+        "worker", help="run a dedupe worker (joins the consumer group)", populate=_add_worker_settings
     )
     worker.set_defaults(handler=_cmd_worker)
 
@@ -268,25 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_service_commands(commands: Any) -> None:
     """``ingress`` and ``up``."""
-    ingress = commands.add_parser("ingress", help="run the HTTP ingress: POST /webhooks/{source}")
-    _common(ingress)
-    ingress.add_argument(
-        "--host", default=_env("PIPELINE_INGRESS_HOST", "127.0.0.1"), help="default %(default)s"
-    )
-    ingress.add_argument(
-        "--port",
-        type=int,
-        default=int(_env("PIPELINE_INGRESS_PORT", "8080") or 8080),
-        help="default %(default)s",
-    )
-    ingress.add_argument("--max-body-bytes", type=int, default=1024 * 1024, help="larger bodies get 413")
-    ingress.add_argument(
-        "--produce-timeout", type=float, default=5.0, help="seconds to wait for the broker's ack before 503"
-    )
-    ingress.add_argument(
-        "--trust-forwarded",
-        action="store_true",
-        help="use X-Forwarded-Proto/Host for signed URLs (behind a proxy)",
+    ingress = commands.add_parser(
+        "ingress", help="run the HTTP ingress: POST /webhooks/{source}", populate=_add_ingress_settings
     )
     ingress.set_defaults(handler=_cmd_ingress)
 
@@ -295,7 +403,7 @@ def _add_service_commands(commands: Any) -> None:
     )
     up.add_argument("--bootstrap", default=_env("KAFKA_BOOTSTRAP_SERVERS"), help="use this Kafka instead")
     up.add_argument(
-        "--topology", default=_env("PIPELINE_TOPOLOGY", DEFAULT_TOPOLOGY), help="default %(default)s"
+        "--topology", default=_env("PIPELINE_TOPOLOGY", str(DEFAULT_TOPOLOGY)), help="default %(default)s"
     )
     up.add_argument(
         "--state-dir", default=_env("PIPELINE_STATE_DIR", ".state/up"), help="default %(default)s"
@@ -340,7 +448,7 @@ def _add_tool_commands(commands: Any) -> None:
     _common(rescale)
     rescale.add_argument("--partitions", type=int, required=True, help="the new partition count")
     rescale.add_argument(
-        "--group", default=_env("PIPELINE_GROUP", "webhook-dedupe"), help="the workers' group"
+        "--group", default=_env("PIPELINE_GROUP", WORKER_DEFAULTS["group"]), help="the workers' group"
     )
     rescale.add_argument(
         "--state-file", default=None, help="progress file (default .state/rescale-<app>-<group>.json)"
