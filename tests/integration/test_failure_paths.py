@@ -1,0 +1,339 @@
+"""Real-broker reproductions of failure paths (issue 11): each test states the intended behaviour.
+
+A test the current worker fails is a strict xfail naming its issue item; the
+marker goes when the fix lands (a strict xfail that passes fails the run).
+Every wait is bounded and every worker subprocess is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaError
+
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from tests.integration.faults import (
+    OPEN_TIMEOUT,
+    Workers,
+    committed,
+    free_port,
+    http_status,
+    keys,
+    open_timeout_args,
+    produce,
+    stripe_body,
+    stripe_record,
+    values,
+    wait_until,
+)
+from tests.integration.harness import ROOT, Env
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+MakeEnv = Callable[..., Any]
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+async def workers(bootstrap: str, tmp_path: Path) -> AsyncIterator[Workers]:
+    """Worker subprocesses of this test; every one is stopped (SIGTERM, then SIGKILL) afterwards."""
+    started = Workers(bootstrap, tmp_path / "logs")
+    yield started
+    started.stop_all()
+
+
+def start(workers: Workers, env: Env, name: str, *extra: str, state_dir: Path | None = None) -> Any:
+    """A worker for ``env`` with state dir ``<tmp>/<name>`` unless given."""
+    return workers.start(
+        name,
+        topology=env.topology_path,
+        group=env.group,
+        state_dir=state_dir or env.state_root / name,
+        extra=extra,
+    )
+
+
+async def command_keys(env: Env) -> Counter[str]:
+    return Counter(await keys(env.bootstrap, env.topo.topics.commands))
+
+
+# -- item 1: a bad received-at header ----------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 1: an out-of-range received-at header crashes the worker "
+    "(int() of 5000 digits raises, 10**20 overflows orjson after the key is staged)",
+)
+@pytest.mark.parametrize(
+    "bad_values",
+    [
+        pytest.param([b"100000000000000000000", b"9" * 5000], id="both-in-one-batch"),
+        pytest.param([b"100000000000000000000"], id="int64-overflow-only"),
+    ],
+)
+async def test_a_bad_received_at_header_goes_to_the_dlq_and_claims_nothing(
+    pipeline_env: MakeEnv, workers: Workers, bad_values: list[bytes]
+) -> None:
+    """Copies of B with an absurd received-at go to the DLQ (bad-header) unclaimed; A and C, later records and a good B are handled."""
+    env: Env = await pipeline_env(partitions=1)
+    topics = env.topo.topics
+    batch = [stripe_record("evt_a")]
+    batch += [stripe_record("evt_b", received_at=value) for value in bad_values]
+    batch.append(stripe_record("evt_c"))
+    await produce(env.bootstrap, topics.input, batch)
+    worker = start(workers, env, "w1")
+
+    async def audited(count: int) -> list[dict[str, Any]] | None:
+        audit = await values(env.bootstrap, topics.audit)
+        return audit if len(audit) >= count else None
+
+    audit = await wait_until(
+        lambda: audited(len(batch)), "audit records", alive=worker, log=lambda: workers.tail("w1")
+    )
+    assert await command_keys(env) == Counter({"stripe:evt_a": 1, "stripe:evt_c": 1})
+    b_outcomes = [(a["outcome"], a.get("reason")) for a in audit if a["key"] == "stripe:evt_b"]
+    assert b_outcomes == [("invalid", "bad-header")] * len(bad_values)
+    dlq = await values(env.bootstrap, topics.dlq)
+    assert [(d["key"], d["reason"]) for d in dlq] == [("stripe:evt_b", "bad-header")] * len(bad_values)
+    claimed = set(await keys(env.bootstrap, topics.changelog))
+    assert claimed <= set(await command_keys(env)), f"claimed without a command: {claimed}"
+
+    await produce(env.bootstrap, topics.input, [stripe_record("evt_after")])  # the partition moves
+    await wait_until(
+        lambda: audited(len(batch) + 1),
+        "the later record's audit",
+        alive=worker,
+        log=lambda: workers.tail("w1"),
+    )
+    await produce(env.bootstrap, topics.input, [stripe_record("evt_b")])  # B was never claimed
+    await wait_until(
+        lambda: audited(len(batch) + 2), "good B's audit", alive=worker, log=lambda: workers.tail("w1")
+    )
+    assert await command_keys(env) == Counter(
+        {"stripe:evt_a": 1, "stripe:evt_c": 1, "stripe:evt_after": 1, "stripe:evt_b": 1}
+    )
+
+
+# -- item 2: records too large for their output topic ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 2: the DLQ record of a 3 MiB body (carried twice) exceeds the DLQ topic's "
+    "limit; the transaction is aborted and redone forever, and the partition stops",
+)
+async def test_a_3_mib_unreadable_body_is_dead_lettered_truncated_and_the_partition_moves(
+    pipeline_env: MakeEnv, workers: Workers
+) -> None:
+    """A 3 MiB non-JSON body gets a truncated DLQ record (sha256, truncated) and the next record its command."""
+    env: Env = await pipeline_env(partitions=1)
+    topics = env.topo.topics
+    junk = b"this is not json " * (3 * MIB // 17)
+    await produce(
+        env.bootstrap,
+        topics.input,
+        [stripe_record("evt_junk", body=junk), stripe_record("evt_small")],
+    )
+    worker = start(workers, env, "w1")
+
+    async def small_command() -> bool:
+        return "stripe:evt_small" in await command_keys(env)
+
+    await wait_until(
+        small_command, "the small record's command", timeout=30, alive=worker, log=lambda: workers.tail("w1")
+    )
+    [dlq] = await values(env.bootstrap, topics.dlq)
+    assert dlq["key"] == "stripe:evt_junk"
+    assert dlq["reason"] == "bad-body"
+    assert dlq["truncated"] is True
+    assert dlq["value_sha256"] == hashlib.sha256(junk).hexdigest()
+
+    async def moved() -> bool:
+        return (await committed(env.bootstrap, env.group)).get((topics.input, 0), 0) >= 2
+
+    await wait_until(
+        moved, "a committed offset past both records", alive=worker, log=lambda: workers.tail("w1")
+    )
+    assert await command_keys(env) == Counter({"stripe:evt_small": 1})
+
+
+async def _produce_largest(env: Env, event_id: str) -> bytes:
+    """A valid JSON body just under the input topic's limit (the broker decides what fits); returns it."""
+    for slack in range(64, 400, 16):
+        body = stripe_body(event_id, pad=MAX_MESSAGE_BYTES - slack - len(stripe_body(event_id)))
+        try:
+            await produce(env.bootstrap, env.topo.topics.input, [stripe_record(event_id, body=body)])
+        except KafkaError:
+            continue
+        return body
+    raise AssertionError("no body near the limit fit the input topic")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 2: a command larger than the command topic accepts aborts the transaction "
+    "and it is redone forever (no too-large DLQ record, the partition stops)",
+)
+async def test_a_command_too_large_for_its_topic_is_dead_lettered_and_its_key_stays_unclaimed(
+    pipeline_env: MakeEnv, workers: Workers
+) -> None:
+    """A body that fits the input but whose command does not: DLQ too-large, key unclaimed, a smaller copy gets the command."""
+    env: Env = await pipeline_env(partitions=1)
+    topics = env.topo.topics
+    body = await _produce_largest(env, "evt_huge")
+    await produce(env.bootstrap, topics.input, [stripe_record("evt_small")])
+    # the command wraps the body in an envelope longer than the slack left under the limit
+    assert len(body) + 150 > MAX_MESSAGE_BYTES
+    worker = start(workers, env, "w1")
+
+    async def command_for(key: str) -> bool:
+        return key in await command_keys(env)
+
+    await wait_until(
+        lambda: command_for("stripe:evt_small"),
+        "the small record's command",
+        timeout=30,
+        alive=worker,
+        log=lambda: workers.tail("w1"),
+    )
+    [dlq] = await values(env.bootstrap, topics.dlq)
+    assert (dlq["key"], dlq["reason"]) == ("stripe:evt_huge", "too-large")
+    audit = {a["key"]: a for a in await values(env.bootstrap, topics.audit)}
+    assert audit["stripe:evt_huge"]["outcome"] == "invalid"
+    assert "stripe:evt_huge" not in await keys(env.bootstrap, topics.changelog)
+
+    await produce(env.bootstrap, topics.input, [stripe_record("evt_huge")])  # same key, small body
+    await wait_until(
+        lambda: command_for("stripe:evt_huge"),
+        "the smaller copy's command",
+        alive=worker,
+        log=lambda: workers.tail("w1"),
+    )
+    assert await command_keys(env) == Counter({"stripe:evt_small": 1, "stripe:evt_huge": 1})
+
+
+# -- items 3 and 7: an unusable state dir ----------------------------------------------------------
+
+
+def topics_create(env: Env) -> None:
+    """``pipeline topics create`` for the test's topology, as an operator runs it."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "topics",
+            "create",
+            "--bootstrap",
+            env.bootstrap,
+            "--topology",
+            str(env.topology_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def unusable_state_dir(root: Path, where: str) -> tuple[Path, Path]:
+    """A regular file, and the state dir that cannot be used because of it."""
+    blocker = root / "not-a-directory"
+    blocker.write_text("a regular file\n")
+    return blocker, blocker if where == "file" else blocker / "state"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 3: a state dir that cannot be created fails inside the rebalance callback; "
+    "aiokafka logs a traceback and the worker runs on with the partition never served",
+)
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+async def test_an_unusable_state_dir_ends_the_worker_with_one_readable_line(
+    pipeline_env: MakeEnv, workers: Workers, tmp_path: Path, where: str
+) -> None:
+    """--state-dir at a regular file (or under one): the worker exits non-zero, its last line names the problem, no traceback."""
+    env: Env = await pipeline_env(partitions=1)
+    topics_create(env)
+    blocker, state_dir = unusable_state_dir(tmp_path, where)
+    await produce(env.bootstrap, env.topo.topics.input, [stripe_record("evt_1")])
+    worker = workers.start(
+        "w1",
+        topology=env.topology_path,
+        group=env.group,
+        state_dir=state_dir,
+        extra=open_timeout_args(),
+        environ={"PIPELINE_OPEN_TIMEOUT": OPEN_TIMEOUT},
+    )
+
+    async def exited() -> bool:
+        assert "Traceback" not in workers.log("w1"), workers.tail("w1")
+        return worker.poll() is not None
+
+    await wait_until(exited, "exit", log=lambda: workers.tail("w1"))
+    stderr = workers.log("w1")
+    assert worker.returncode != 0
+    assert "Traceback" not in stderr
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    assert str(blocker) in last, last
+    assert "state" in last.lower(), last
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 7: /healthz answers 200 whatever the partitions' state",
+)
+async def test_healthz_is_not_ok_while_an_assigned_partition_is_not_served(
+    pipeline_env: MakeEnv, workers: Workers, tmp_path: Path
+) -> None:
+    """With a state dir that is a file, /healthz never answers 200 once partitions are assigned and unserved."""
+    env: Env = await pipeline_env(partitions=1)
+    _, state_dir = unusable_state_dir(tmp_path, "file")
+    await produce(env.bootstrap, env.topo.topics.input, [stripe_record("evt_1")])
+    port = free_port()
+    worker = workers.start(
+        "w1",
+        topology=env.topology_path,
+        group=env.group,
+        state_dir=state_dir,
+        extra=["--metrics-port", str(port), *open_timeout_args("30")],
+        environ={"PIPELINE_OPEN_TIMEOUT": "30"},
+    )
+
+    async def assigned_or_gone() -> bool:
+        return "partitions assigned" in workers.log("w1") or worker.poll() is not None
+
+    await wait_until(assigned_or_gone, "an assignment", log=lambda: workers.tail("w1"))
+    answers: list[int] = []
+    deadline = time.monotonic() + 10
+    while worker.poll() is None and time.monotonic() < deadline:
+        status = await http_status(f"http://127.0.0.1:{port}/healthz")
+        if status is not None:
+            answers.append(status)
+            assert status != 200, f"/healthz said 200 with its partition unserved\n{workers.tail('w1')}"
+    assert answers or worker.poll() is not None, "/healthz never answered while the worker ran"
+
+
+async def test_healthz_is_ok_when_every_assigned_partition_is_served(
+    pipeline_env: MakeEnv, workers: Workers
+) -> None:
+    """A normal worker that handled a record on each partition answers /healthz with 200."""
+    env: Env = await pipeline_env(partitions=2)
+    await env.produce_stripe([f"evt_{i}" for i in range(8)])
+    port = free_port()
+    worker = start(workers, env, "w1", "--metrics-port", str(port))
+
+    async def all_handled() -> bool:
+        return len(await command_keys(env)) == 8
+
+    await wait_until(all_handled, "eight commands", alive=worker, log=lambda: workers.tail("w1"))
+    assert await http_status(f"http://127.0.0.1:{port}/healthz") == 200
