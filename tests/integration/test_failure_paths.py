@@ -16,19 +16,23 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.errors import KafkaError
 
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from tests.integration.faults import (
     OPEN_TIMEOUT,
+    Record,
     Workers,
     committed,
     free_port,
+    fulfilment_topology,
     http_status,
     keys,
     open_timeout_args,
     produce,
+    records,
     stripe_body,
     stripe_record,
     values,
@@ -337,3 +341,194 @@ async def test_healthz_is_ok_when_every_assigned_partition_is_served(
 
     await wait_until(all_handled, "eight commands", alive=worker, log=lambda: workers.tail("w1"))
     assert await http_status(f"http://127.0.0.1:{port}/healthz") == 200
+
+
+# -- items 4 and 5: a store that cannot be trusted -------------------------------------------------
+
+
+def rocksdb_dirs(state_dir: Path) -> list[Path]:
+    """Every RocksDB directory under ``state_dir`` (the ones with a CURRENT file)."""
+    return sorted(current.parent for current in state_dir.rglob("CURRENT"))
+
+
+def corrupt(db: Path, how: str) -> list[str]:
+    """Overwrite (or truncate) a RocksDB directory's CURRENT, MANIFEST-*, *.sst and *.log files."""
+    hit = []
+    for path in sorted(db.iterdir()):
+        if path.is_file() and (
+            path.name == "CURRENT" or path.name.startswith("MANIFEST-") or path.suffix in {".sst", ".log"}
+        ):
+            size = path.stat().st_size
+            path.write_bytes(b"" if how == "truncate" else b"\xde\xad garbage \xbe\xef" * max(size // 16, 4))
+            hit.append(path.name)
+    return hit
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncate"])
+async def test_a_corrupt_store_is_wiped_and_restored_from_the_changelog(
+    pipeline_env: MakeEnv, workers: Workers, how: str
+) -> None:
+    """Store files overwritten between two runs: the store is rebuilt, earlier keys stay duplicates, new keys get one command."""
+    env: Env = await pipeline_env(partitions=2)
+    topics = env.topo.topics
+    earlier = [f"evt_{i}" for i in range(20)]
+    await env.produce_stripe(earlier)
+    worker = start(workers, env, "w1")
+
+    async def audited(count: int) -> bool:
+        return len(await records(env.bootstrap, topics.audit)) >= count
+
+    await wait_until(lambda: audited(20), "20 audit records", alive=worker, log=lambda: workers.tail("w1"))
+    assert workers.stop("w1") == 0, workers.tail("w1")
+    dbs = rocksdb_dirs(env.state_root / "w1")
+    assert dbs, "the worker left no RocksDB store"
+    for db in dbs:
+        assert "CURRENT" in corrupt(db, how)
+
+    worker = start(workers, env, "w1")
+    newer = [f"evt_new_{i}" for i in range(10)]
+    await env.produce_stripe(earlier + newer)
+    await wait_until(lambda: audited(50), "50 audit records", alive=worker, log=lambda: workers.tail("w1"))
+    assert await command_keys(env) == Counter({f"stripe:{e}": 1 for e in earlier + newer})
+    outcomes = Counter(a["outcome"] for a in await values(env.bootstrap, topics.audit))
+    assert outcomes == Counter({"first": 30, "duplicate": 20})
+    log = workers.log("w1").lower()
+    assert "wip" in log, workers.tail("w1")
+    assert "restore" in log, workers.tail("w1")
+
+
+def second_pipeline(env: Env, app: str) -> Env:
+    """Another pipeline (its own app name, group and output topics) reading ``env``'s input topic."""
+    text = env.topology_path.read_text().replace(f'name = "{env.topo.app}"', f'name = "{app}"')
+    own = text.replace(f'input = "{env.topo.app}.raw"', "INPUT").replace(env.topo.app, app)
+    path = env.topology_path.with_name(f"{app}.toml")
+    path.write_text(own.replace("INPUT", f'input = "{env.topo.topics.input}"'))
+    return Env(env.bootstrap, path, env.state_root, f"{app}-group")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 5: the store's path is <state-dir>/<input topic>-<partition>, so a second "
+    "pipeline on the same input and state dir reuses the first one's seen-set",
+)
+async def test_a_store_of_another_pipeline_in_the_same_state_dir_is_not_reused(
+    pipeline_env: MakeEnv, workers: Workers, unique: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Two pipelines on one input topic, run one after the other on one state dir: each emits every command."""
+    first: Env = await pipeline_env(partitions=2)
+    second = second_pipeline(first, unique("other"))
+    assert second.topo.topics.input == first.topo.topics.input
+    assert second.topo.topics.commands != first.topo.topics.commands
+    await second.create_topics()
+    ids = [f"evt_{i}" for i in range(20)]
+    await first.produce_stripe(ids)
+    shared = tmp_path / "shared-state"
+
+    worker = start(workers, first, "p1", state_dir=shared)
+
+    async def commands_of(env: Env) -> bool:
+        return len(await command_keys(env)) >= len(ids)
+
+    await wait_until(
+        lambda: commands_of(first), "pipeline 1's commands", alive=worker, log=lambda: workers.tail("p1")
+    )
+    assert workers.stop("p1") == 0, workers.tail("p1")
+
+    worker = start(workers, second, "p2", state_dir=shared)
+
+    async def audited() -> bool:
+        return len(await records(second.bootstrap, second.topo.topics.audit)) >= len(ids)
+
+    await wait_until(audited, "pipeline 2's audit records", alive=worker, log=lambda: workers.tail("p2"))
+    assert await command_keys(second) == Counter({f"stripe:{e}": 1 for e in ids})
+    assert await command_keys(first) == Counter({f"stripe:{e}": 1 for e in ids})
+
+
+# -- item 6: the effect stage's input ----------------------------------------------------------------
+
+
+async def effect_env(bootstrap: str, tmp_path: Path, app: str) -> Env:
+    """The fulfilment topology (effect keys) on one partition, its topics created."""
+    env = Env(bootstrap, fulfilment_topology(tmp_path / f"{app}.toml", app), tmp_path, f"{app}-group")
+    await env.create_topics()
+    return env
+
+
+def effect_record(env: Env, payment: str, *, command_topic: str | None = None) -> Record:
+    """An effects-topic record as the first stage writes it: a fulfil-order command for ``payment``."""
+    value = orjson.dumps(
+        {
+            "command": "fulfil-order",
+            "key": f"stripe:evt_{payment}",
+            "effect_key": f"fulfil-order:{payment}",
+            "source": "stripe",
+            "event_type": "payment_intent.succeeded",
+            "received_at": 1_700_000_000_000,
+            "event": {"id": f"evt_{payment}", "data": {"object": {"id": payment}}},
+        }
+    )
+    topic = command_topic or f"{env.topo.app}.orders"
+    headers = [("effect-ttl-ms", b"86400000"), ("command-topic", topic.encode())]
+    return (f"fulfil-order:{payment}".encode(), value, headers)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 6a: the effect stage trusts the command-topic header: an unknown topic "
+    "crashes the worker (KeyError), a topology topic (the input) receives the command",
+)
+@pytest.mark.parametrize("target", ["missing-topic", "the-input-topic"])
+async def test_an_effect_record_naming_a_foreign_command_topic_goes_to_the_dlq(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str], workers: Workers, target: str
+) -> None:
+    """An effect record whose command-topic is not a command topic of the topology: DLQ, and the stage moves on."""
+    env = await effect_env(bootstrap, tmp_path, unique("shop"))
+    effects = env.topo.topics.effects
+    foreign = unique("no-such-topic") if target == "missing-topic" else env.topo.topics.input
+    await produce(bootstrap, effects, [effect_record(env, "pi_bad", command_topic=foreign)])
+    worker = start(workers, env, "w1")
+
+    async def dead_lettered() -> list[dict[str, Any]]:
+        return await values(bootstrap, env.topo.topics.dlq)
+
+    [dlq] = await wait_until(dead_lettered, "a DLQ record", alive=worker, log=lambda: workers.tail("w1"))
+    assert dlq["key"] == "fulfil-order:pi_bad"
+    assert dlq["reason"]
+    assert await records(bootstrap, env.topo.topics.input) == []
+    assert "fulfil-order:pi_bad" not in await keys(bootstrap, env.topo.topics.effects_changelog)
+
+    await produce(bootstrap, effects, [effect_record(env, "pi_ok")])  # the partition moves on
+
+    async def fulfilled() -> list[str]:
+        return await keys(bootstrap, f"{env.topo.app}.orders")
+
+    assert await wait_until(fulfilled, "the later command", alive=worker, log=lambda: workers.tail("w1")) == [
+        "fulfil-order:pi_ok"
+    ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 11 item 6b: an invalid effect record gets a DLQ record but no audit record",
+)
+@pytest.mark.parametrize("defect", ["no-key", "not-json"])
+async def test_an_invalid_effect_record_gets_a_dlq_record_and_an_audit_record(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str], workers: Workers, defect: str
+) -> None:
+    """An effect record without key or with a non-JSON value: one DLQ record and one audit record (outcome invalid)."""
+    env = await effect_env(bootstrap, tmp_path, unique("shop"))
+    key, value, headers = effect_record(env, "pi_bad")
+    bad = (None, value, headers) if defect == "no-key" else (key, b"\x00 not json", headers)
+    await produce(bootstrap, env.topo.topics.effects, [bad, effect_record(env, "pi_ok")])
+    worker = start(workers, env, "w1")
+
+    async def fulfilled() -> list[str]:
+        return await keys(bootstrap, f"{env.topo.app}.orders")
+
+    await wait_until(fulfilled, "the valid record's command", alive=worker, log=lambda: workers.tail("w1"))
+    dlq = await values(bootstrap, env.topo.topics.dlq)
+    assert len(dlq) == 1
+    assert dlq[0]["reason"]
+    audit = await values(bootstrap, env.topo.topics.audit)
+    assert sorted((a["offset"], a["outcome"]) for a in audit) == [(0, "invalid"), (1, "first")]
+    assert all(a.get("stage") == "effect" for a in audit)
