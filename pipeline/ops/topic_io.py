@@ -39,7 +39,10 @@ def record_json(record: Any) -> bytes:
             "offset": record.offset,
             "timestamp": record.timestamp,
             "key": record.key.decode("utf-8", "replace") if record.key is not None else None,
-            "headers": {name: raw.decode("utf-8", "replace") for name, raw in record.headers or ()},
+            "headers": {
+                name: raw.decode("utf-8", "replace") if raw is not None else None
+                for name, raw in record.headers or ()
+            },
             "value": value,
         }
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from pipeline.kafka import owner_partition
 from tests.integration.harness import ROOT, Env, read_committed
@@ -81,3 +82,20 @@ def test_tail_of_a_missing_topic_is_one_error_line(bootstrap: str) -> None:
     result = _cli("tail", "no-such-topic-anywhere", "--bootstrap", bootstrap)
     assert result.returncode == 1
     assert "pipeline: error: topic no-such-topic-anywhere does not exist" in result.stderr
+
+
+async def test_tail_prints_a_null_header_value_as_null(
+    make_topic: Callable[..., Any], bootstrap: str
+) -> None:
+    """A record whose header value is null is printed with null for that header, not a crash."""
+    topic = await make_topic("tail-null")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"{}", key=b"k", headers=[("empty", None), ("set", b"v")])
+    finally:
+        await producer.stop()
+    result = _cli("tail", topic, "--bootstrap", bootstrap)
+    assert result.returncode == 0, result.stderr
+    (printed,) = [orjson.loads(line) for line in result.stdout.splitlines()]
+    assert printed["headers"] == {"empty": None, "set": "v"}
