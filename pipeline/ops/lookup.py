@@ -13,14 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from yarl import URL
 
 from pipeline.kafka.admin import partition_count
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
+from pipeline.worker.event_stage import DEFAULT_COMMAND
 
 
 @dataclass
@@ -40,6 +43,8 @@ class Report:
     command: str | None = None
     command_topic: str | None = None
     expires_at: int | None = None
+    dropped: bool = False  # a route dropped the event: no command
+    effect_key: str | None = None  # the command went through the effect stage under this key
     deliveries: list[dict[str, Any]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -51,22 +56,40 @@ class Report:
             f"known         yes, {self.topic} partition {self.partition} (from {self.where})",
             f"first seen    {_time(self.first_seen)} at offset {self.offset}",
             f"duplicates    {self.duplicates}"
-            + (f", last at {_time(self.last_seen)}" if self.duplicates else ""),
+            + (f", last at {_time(self.last_seen)}" if self.duplicates and self.last_seen else ""),
         ]
         if self.conflicts:
             out.append(f"conflicts     {self.conflicts} (copies whose body differed from the first)")
-        if self.command:
-            out.append(f"command       {self.command} -> {self.command_topic}")
-        else:
-            out.append("command       none (dropped by a route)")
+        out.append(f"command       {self._command()}")
         out.append(f"expires       {_time(self.expires_at)}")
         return out
 
+    def _command(self) -> str:
+        if self.dropped:
+            return "none (dropped by a route)"
+        if not self.command:
+            return "unknown"
+        text = f"{self.command} -> {self.command_topic}" if self.command_topic else self.command
+        return text + (f" (through the effect stage as {self.effect_key})" if self.effect_key else "")
+
 
 def _time(ms: int | None) -> str:
+    """Milliseconds since the epoch as ISO 8601 UTC; ``-`` when unknown."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _last_seen(first_seen: int | None, last_seen: int | None) -> int | None:
+    """The last copy's time, never before the first copy's (unknown when not recorded)."""
+    if not last_seen:
+        return None
+    return max(last_seen, first_seen) if first_seen is not None else last_seen
+
+
+def key_url(worker: str, key: str) -> URL:
+    """The worker's ``/keys/{key}`` URL with the key quoted whole (``/``, ``?``, ``#`` and ``%`` included)."""
+    return URL(f"{_base(worker)}/keys/{quote(key, safe='')}", encoded=True)
 
 
 async def inspect(
@@ -84,7 +107,7 @@ async def inspect(
             partition = owner_partition(key.encode(), count)
             for url, partitions in zip(workers, owned, strict=True):
                 if partition in partitions.get(topic, []):
-                    answer = await _get_json(session, f"{_base(url)}/keys/{key}")
+                    answer = await _get_json(session, key_url(url, key))
                     if answer and answer.get("known"):
                         return _from_worker(key, url, answer)
     return await from_audit(key, topology, bootstrap=bootstrap)
@@ -94,7 +117,7 @@ def _base(url: str) -> str:
     return url if url.startswith("http") else f"http://{url}"
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+async def _get_json(session: aiohttp.ClientSession, url: str | URL) -> dict[str, Any] | None:
     try:
         async with session.get(url) as response:
             if response.status != 200:
@@ -122,10 +145,11 @@ def _from_worker(key: str, url: str, answer: dict[str, Any]) -> Report:
         offset=entry["offset"],
         duplicates=entry["duplicates"],
         conflicts=entry.get("conflicts", 0),
-        last_seen=entry["last_seen"],
-        command=entry["command"],
-        command_topic=entry["topic"],
+        last_seen=_last_seen(entry["first_seen"], entry.get("last_seen")),
+        command=entry.get("command"),
+        command_topic=entry.get("topic"),
         expires_at=entry["expires_at"],
+        dropped=entry.get("command") is None and entry.get("topic") is None,
     )
 
 
@@ -136,6 +160,7 @@ async def from_audit(key: str, topology: Topology, *, bootstrap: str, idle: floa
     report = Report(key=key, where=f"audit topic {audit}")
     if not count:
         return report
+    times: list[int] = []
     tp = TopicPartition(audit, owner_partition(key.encode(), count))
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
@@ -153,25 +178,43 @@ async def from_audit(key: str, topology: Topology, *, bootstrap: str, idle: floa
                 last_data = time.monotonic()
                 if record.key == key.encode():
                     report.deliveries.append(orjson.loads(record.value))
+                    times.append(record.timestamp)
     finally:
         await consumer.stop()
-    _summarise(report)
+    summarise(report, times, topology)
     return report
 
 
-def _summarise(report: Report) -> None:
-    firsts = [d for d in report.deliveries if d.get("outcome") == "first"]
-    if not firsts:
+def summarise(report: Report, times: Sequence[int], topology: Topology) -> None:
+    """Fill ``report`` from its audit deliveries (in audit order) and their record timestamps.
+
+    The key's current claim starts at its last ``first`` delivery; duplicates of an
+    earlier, expired claim are not counted. Times are record timestamps, as the
+    worker's seen-set keeps them.
+    """
+    starts = [i for i, d in enumerate(report.deliveries) if d.get("outcome") == "first"]
+    if not starts:
         return
-    first = firsts[-1]
-    later = [d for d in report.deliveries if d.get("outcome") in {"duplicate", "conflict"} and d is not first]
+    start = starts[-1]
+    first = report.deliveries[start]
+    later = [
+        (d, t)
+        for d, t in zip(report.deliveries[start + 1 :], times[start + 1 :], strict=True)
+        if d.get("outcome") in {"duplicate", "conflict"}
+    ]
     report.known = True
-    report.topic = "effects" if first.get("stage") == "effect" else "input"
+    report.topic = topology.topics.effects if first.get("stage") == "effect" else topology.topics.input
     report.partition = first.get("partition")
     report.offset = first.get("offset")
     report.first_seen = first.get("first_seen_at")
     report.duplicates = len(later)
-    report.conflicts = sum(1 for d in later if d.get("outcome") == "conflict")
-    report.last_seen = max((d.get("received_at") or 0 for d in later), default=None)
-    report.command = first.get("command")
+    report.conflicts = sum(1 for d, _ in later if d.get("outcome") == "conflict")
+    report.last_seen = _last_seen(report.first_seen, max((t for _, t in later), default=None))
     report.expires_at = first.get("expires_at")
+    report.effect_key = first.get("effect_key")
+    report.dropped = bool(first.get("dropped_by_route"))
+    if report.dropped:
+        return
+    route = topology.route(str(first.get("source")), first.get("event_type"))
+    report.command = first.get("command") or (route.command if route and route.command else DEFAULT_COMMAND)
+    report.command_topic = route.topic if route and route.topic else topology.topics.commands

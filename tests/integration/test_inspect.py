@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -30,6 +31,10 @@ def _free_port() -> int:
 
 
 def _inspect(env: Env, key: str, workers: str) -> dict[str, Any]:
+    return dict(orjson.loads(_inspect_text(env, key, workers, "--json")))
+
+
+def _inspect_text(env: Env, key: str, workers: str, *extra: str) -> str:
     result = subprocess.run(
         [
             sys.executable,
@@ -37,7 +42,7 @@ def _inspect(env: Env, key: str, workers: str) -> dict[str, Any]:
             "pipeline",
             "inspect",
             key,
-            "--json",
+            *extra,
             "--bootstrap",
             env.bootstrap,
             "--topology",
@@ -52,7 +57,7 @@ def _inspect(env: Env, key: str, workers: str) -> dict[str, Any]:
         cwd=ROOT,
     )
     assert result.returncode in (0, 3), result.stderr
-    return dict(orjson.loads(result.stdout))
+    return result.stdout
 
 
 async def _owned(port: int) -> dict[str, list[int]]:
@@ -106,3 +111,31 @@ async def test_inspect_asks_the_worker_that_owns_the_key_and_falls_back_to_the_a
 
     unknown = _inspect(env, "stripe:evt_never", workers)
     assert unknown["known"] is False
+
+
+async def test_inspect_quotes_keys_with_slashes_and_question_marks_and_prints_iso_times(
+    pipeline_env: MakeEnv,
+) -> None:
+    """A key holding '/', '?', '#' and '%2F' is answered by its worker; the text shows ISO times and the command topic."""
+    env: Env = await pipeline_env(partitions=2)
+    port = _free_port()
+    env.start_worker("a", "--metrics-port", str(port))
+    odd = "evt_odd/a?b#c%2Fd e"
+    now = int(time.time() * 1000)
+    await env.produce_stripe([odd], timestamp_ms=now)
+    await env.produce_stripe([odd], timestamp_ms=now + 1500)
+    await wait_for_audit(env, 2)
+    key = f"stripe:{odd}"
+    workers = f"127.0.0.1:{port}"
+
+    report = _inspect(env, key, workers)
+    assert report["where"] == f"worker {workers}", report
+    assert (report["duplicates"], report["first_seen"], report["last_seen"]) == (1, now, now + 1500)
+
+    for answered_by in (workers, ""):  # the worker, then the audit fallback
+        text = _inspect_text(env, key, answered_by)
+        assert "None" not in text, text
+        assert f"command       handle -> {env.topo.topics.commands}" in text, text
+        first_iso = datetime.fromtimestamp(now / 1000, tz=UTC).isoformat(timespec="milliseconds")
+        assert f"first seen    {first_iso.replace('+00:00', 'Z')}" in text, text
+        assert "duplicates    1, last at " in text, text
