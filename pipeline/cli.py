@@ -30,6 +30,7 @@ from pipeline.config import (
     WorkerSettings,
 )
 from pipeline.errors import PipelineError
+from pipeline.resources import resolve_topology
 from pipeline.service import Service
 
 if TYPE_CHECKING:
@@ -346,6 +347,34 @@ def _cmd_produce(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    from pipeline.ops.init import init, summary  # noqa: PLC0415
+
+    print("\n".join(summary(init(Path(args.dir), app=args.app, force=args.force))))
+    return 0
+
+
+def _cmd_sign(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ops.sign import sign_file  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    signed = sign_file(
+        topo,
+        args.source,
+        Path(args.file),
+        dict(os.environ),
+        base_url=args.url,
+        msg_id=args.id,
+        event_type=args.event_type,
+    )
+    print(signed.command)
+    print(f"pipeline: {signed.note()}", file=sys.stderr)
+    return 0
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from pipeline import topology  # noqa: PLC0415
     from pipeline.ops.lookup import inspect  # noqa: PLC0415
@@ -370,6 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--log-level", default=_env("PIPELINE_LOG_LEVEL", "INFO"), help="default %(default)s")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    init = commands.add_parser("init", help="write a starter topology and a .env template into DIR")
+    init.add_argument("dir", nargs="?", default=".", help="default: the current directory")
+    init.add_argument(
+        "--app", default="webhooks", help="app name, also the topic names' prefix (default %(default)s)"
+    )
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+    init.set_defaults(handler=_cmd_init)
 
     topics = commands.add_parser("topics", help="manage the pipeline's topics")
     topics_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
@@ -423,7 +460,7 @@ def _add_service_commands(commands: Any) -> None:
 
 
 def _add_tool_commands(commands: Any) -> None:
-    """``inspect``, ``tail`` and ``produce``."""
+    """``inspect``, ``sign``, ``tail`` and ``produce``."""
     inspect = commands.add_parser(
         "inspect", help="what the pipeline knows about an event key or an effect key"
     )
@@ -436,6 +473,23 @@ def _add_tool_commands(commands: Any) -> None:
     )
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.set_defaults(handler=_cmd_inspect)
+
+    sign = commands.add_parser(
+        "sign", help="print a curl command posting FILE to SOURCE's webhook URL, signed with its secret"
+    )
+    sign.add_argument("source", help="a source of the topology, e.g. stripe")
+    sign.add_argument("file", help="the event body, sent byte for byte")
+    sign.add_argument(
+        "--topology", default=_env("PIPELINE_TOPOLOGY", str(DEFAULT_TOPOLOGY)), help="default %(default)s"
+    )
+    sign.add_argument(
+        "--url",
+        default=_env("PIPELINE_INGRESS_URL", "http://127.0.0.1:8080"),
+        help="the ingress (default %(default)s)",
+    )
+    sign.add_argument("--id", default=None, help="delivery id for header-keyed providers (default: random)")
+    sign.add_argument("--event-type", default=None, help="event type header for header-typed providers")
+    sign.set_defaults(handler=_cmd_sign)
 
     tail = commands.add_parser("tail", help="print a topic's committed records as JSON lines")
     _common(tail)
@@ -474,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     handler: Handler = args.handler
     try:
+        if getattr(args, "topology", None) is not None:  # a bare name or a missing default: the packaged one
+            args.topology = str(resolve_topology(args.topology))
         return handler(args)
     except PipelineError as exc:
         print(f"pipeline: error: {exc}", file=sys.stderr)
