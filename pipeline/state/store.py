@@ -3,7 +3,8 @@
 Layout: one column family per *expiry bucket* (``b<n>`` holds the keys whose
 ``expires_at`` falls in ``[n * bucket_ms, (n + 1) * bucket_ms)``) and a
 ``meta`` column family with the changelog offset the data reflects, the
-partition's stream time and the bucket width.
+partition's stream time, the bucket width, the format version and the
+store's :class:`StoreIdentity` (whose partition it is).
 
 Why buckets by expiry: expiring costs nothing on the hot path. Once stream
 time passes a bucket's end (plus a grace period for late records) every key
@@ -14,20 +15,35 @@ the width is a tenth of the largest TTL) with one multi-get per batch.
 
 Every change, and the changelog offset and stream time it reflects, is
 written in one ``WriteBatch``: the store never holds data newer or older than
-its recorded offset.
+its recorded offset, and the offset in memory moves only once the batch is
+on disk.
+
+Failures are sorted by what the caller can do about them:
+:class:`StoreLockedError` (wait), :class:`StoreCorruptError` (wipe and
+restore from the changelog), :class:`StoreUnusableError` (the directory
+cannot be used: wait for an operator, never wipe) and
+:class:`StoreIdentityError` (the store is someone else's: stop).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import orjson
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
-from pipeline.errors import StoreCorruptError, StoreError
+from pipeline.errors import (
+    StoreCorruptError,
+    StoreError,
+    StoreIdentityError,
+    StoreLockedError,
+    StoreUnusableError,
+)
 from pipeline.state.decision import Entry
 
 log = logging.getLogger(__name__)
@@ -37,8 +53,49 @@ _OFFSET = b"changelog_offset"
 _STREAM_TIME = b"stream_time"
 _BUCKET_MS = b"bucket_ms"
 _VERSION = b"version"
-FORMAT_VERSION = b"1"
+_IDENTITY = b"identity"
+FORMAT_VERSION = b"2"  # 2: the meta family holds the store's identity
 MIN_BUCKET_MS = 3_600_000
+
+# Fragments of RocksDB status texts (and of the OS errors inside them), lower case.
+_UNUSABLE = (  # checked before "lock": a LOCK file on a read-only disk is not a held lock
+    *("permission denied", "read-only file system", "no space left", "disk quota", "not a directory"),
+    *("file exists", "operation not permitted", "too many open files"),
+)
+_CORRUPT = ("corruption", "no such file or directory", "bad magic", "checksum mismatch", "truncated")
+
+
+class StoreIdentity(NamedTuple):
+    """Whose store it is: app, consumer group, input topic and partition, and the changelog topic."""
+
+    app: str
+    group: str
+    topic: str
+    partition: int
+    changelog: str  # the changelog topic; its partition is ``partition``
+
+    def encode(self) -> bytes:
+        """The JSON kept in the store's ``meta`` column family."""
+        return orjson.dumps(self._asdict())
+
+    @classmethod
+    def decode(cls, data: bytes) -> StoreIdentity:
+        """Read what :meth:`encode` wrote; raises ``ValueError`` on anything else."""
+        try:
+            raw = orjson.loads(data)
+            return cls(
+                str(raw["app"]),
+                str(raw["group"]),
+                str(raw["topic"]),
+                int(raw["partition"]),
+                str(raw["changelog"]),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a store identity: {exc}") from exc
+
+    def describe(self) -> str:
+        """One line naming every field."""
+        return " ".join(f"{name}={value}" for name, value in self._asdict().items())
 
 
 class Change(NamedTuple):
@@ -57,6 +114,46 @@ class Change(NamedTuple):
 def bucket_width(max_ttl_ms: int) -> int:
     """The bucket width for a largest TTL: a tenth of it, at least an hour."""
     return max(MIN_BUCKET_MS, max_ttl_ms // 10)
+
+
+def classify_open_failure(path: Path, exc: BaseException) -> StoreError:
+    """The :class:`StoreError` for a failure to open (or read) the store at ``path``.
+
+    A held lock is :class:`StoreLockedError`; an unusable directory
+    (permissions, read-only, full, not a directory) and anything not
+    recognised is :class:`StoreUnusableError`, which is never wiped; only
+    RocksDB's own "this data is damaged" answers are :class:`StoreCorruptError`.
+    """
+    text = str(exc)
+    lowered = text.lower()
+    if any(fragment in lowered for fragment in _UNUSABLE):
+        return StoreUnusableError(f"store {path} cannot be used: {text}")
+    if "lock" in lowered:
+        return StoreLockedError(f"store {path} is held by another process: {text}")
+    if any(fragment in lowered for fragment in _CORRUPT):
+        return StoreCorruptError(f"store {path} is corrupt: {text}")
+    return StoreUnusableError(f"store {path} cannot be opened: {text}")
+
+
+def classify_write_failure(path: Path, exc: BaseException, action: str) -> StoreError:
+    """The :class:`StoreError` for a failed write: IO trouble (disk full, read-only) is :class:`StoreUnusableError`."""
+    text = str(exc)
+    lowered = text.lower()
+    if "io error" in lowered or any(fragment in lowered for fragment in _UNUSABLE):
+        return StoreUnusableError(f"store {path}: {action} failed: {text}")
+    return StoreError(f"store {path}: {action} failed: {text}")
+
+
+def _check_directory(path: Path) -> None:
+    """Cheap checks before RocksDB: the path is (or can be made) a writable directory."""
+    if path.exists() and not path.is_dir():
+        raise StoreUnusableError(f"store {path} cannot be used: it exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreUnusableError(f"store {path} cannot be used: {exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StoreUnusableError(f"store {path} cannot be used: the directory is not writable")
 
 
 WRITE_BUFFER_BYTES = 8 * 1024 * 1024  # per column family; a partition has about ten live buckets
@@ -83,65 +180,143 @@ def _options() -> Options:
     return options
 
 
+def _bucket_names(names: Iterable[str]) -> dict[int, str]:
+    return {int(name[1:]): name for name in names if name.startswith("b") and name[1:].isdigit()}
+
+
+def _read_meta(db: Rdict) -> dict[bytes, bytes | None]:
+    # A helper of its own so that no column family object outlives it in a traceback: one would keep
+    # the database (and its lock) alive after ``close``.
+    meta = db.get_column_family(_META)
+    return {key: meta.get(key) for key in (_VERSION, _OFFSET, _BUCKET_MS, _IDENTITY)}
+
+
+def _write_meta(db: Rdict, values: dict[bytes, bytes]) -> None:
+    batch = WriteBatch(raw_mode=True)
+    handle = db.get_column_family_handle(_META)
+    for key, value in values.items():
+        batch.put(key, value, handle)
+    db.write(batch)
+
+
+def _check_meta(
+    path: Path, db: Rdict, bucket_ms: int, identity: StoreIdentity | None, *, has_buckets: bool
+) -> int:
+    """Check (or, on a new store, write) version, bucket width and identity; return the bucket width."""
+    meta = _read_meta(db)
+    version = meta[_VERSION]
+    has_data = has_buckets or meta[_OFFSET] is not None
+    if version is None and not has_data:
+        fresh = {_BUCKET_MS: str(bucket_ms).encode(), _VERSION: FORMAT_VERSION}
+        if identity is not None:
+            fresh[_IDENTITY] = identity.encode()
+        _write_meta(db, fresh)
+        return bucket_ms
+    if version != FORMAT_VERSION:
+        raise StoreCorruptError(f"store {path} has format {version!r}, expected {FORMAT_VERSION!r}")
+    stored_width = meta[_BUCKET_MS]
+    if stored_width is None:
+        raise StoreCorruptError(f"store {path} has no bucket width")
+    raw_identity = meta[_IDENTITY]
+    if identity is not None:
+        if raw_identity is None:
+            if has_data:
+                raise StoreCorruptError(f"store {path} has data but no identity")
+            _write_meta(db, {_IDENTITY: identity.encode()})
+        else:
+            stored = StoreIdentity.decode(raw_identity)
+            if stored != identity:
+                raise StoreIdentityError(
+                    f"store {path} belongs to {stored.describe()}, not to {identity.describe()}; refusing to use it"
+                )
+    return int(stored_width)
+
+
 class PartitionStore:
     """Key → :class:`Entry` for one input partition, with whole-bucket expiry."""
 
-    def __init__(self, path: Path, db: Rdict, bucket_ms: int) -> None:
+    def __init__(self, path: Path, db: Rdict, bucket_ms: int, families: Iterable[str]) -> None:
         self.path = path
         self._db = db
         self.bucket_ms = bucket_ms
         self._meta = db.get_column_family(_META)
+        self._meta_handle: Any = db.get_column_family_handle(_META)
         self._buckets: dict[int, Rdict] = {}
-        for name in Rdict.list_cf(str(path), _options()):
-            if name.startswith("b") and name[1:].isdigit():
-                self._buckets[int(name[1:])] = db.get_column_family(name)
+        self._handles: dict[int, Any] = {}
+        for bucket, name in _bucket_names(families).items():
+            self._buckets[bucket] = db.get_column_family(name)
+            self._handles[bucket] = db.get_column_family_handle(name)
         raw_offset = self._meta.get(_OFFSET)
         raw_time = self._meta.get(_STREAM_TIME)
         self.changelog_offset = int(raw_offset) if raw_offset is not None else -1
         self.stream_time = int(raw_time) if raw_time is not None else 0
         self.keys_expired = 0
+        self._closed = False
 
     @classmethod
-    def open(cls, path: Path, *, bucket_ms: int) -> PartitionStore:
-        """Open (or create) the store at ``path``.
+    def open(cls, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None) -> PartitionStore:
+        """Open (or create) the store at ``path``, checking that it is ``identity``'s.
 
-        Raises :class:`StoreCorruptError` when it exists but cannot be read (the
-        caller wipes it and restores from the changelog), and :class:`StoreError`
-        when another process holds it.
+        Raises :class:`StoreLockedError` when another process holds it,
+        :class:`StoreUnusableError` when the directory cannot be used,
+        :class:`StoreCorruptError` when it cannot be read or predates format 2
+        (the caller wipes it and restores from the changelog), and
+        :class:`StoreIdentityError` when it belongs to another identity (its
+        data is left alone). ``identity=None`` skips the check; it exists only
+        until every caller passes one.
         """
-        path.mkdir(parents=True, exist_ok=True)
+        _check_directory(path)
         try:
             existing = Rdict.list_cf(str(path), _options()) if (path / "CURRENT").exists() else []
             families = {name: _family_options() for name in existing if name != "default"}
             families.setdefault(_META, _family_options())
             db = Rdict(str(path), _options(), column_families=families)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
-            if "lock" in str(exc).lower():
-                raise StoreError(f"store {path} is held by another process: {exc}") from exc
-            raise StoreCorruptError(f"store {path} cannot be opened: {exc}") from exc
+            raise classify_open_failure(path, exc) from exc
         try:
-            meta = db.get_column_family(_META)
-            version = meta.get(_VERSION)
-            if version not in (None, FORMAT_VERSION):
-                raise StoreCorruptError(f"store {path} has format {version!r}, expected {FORMAT_VERSION!r}")
-            stored_width = meta.get(_BUCKET_MS)
-            if stored_width is None:
-                meta.put(_BUCKET_MS, str(bucket_ms).encode())
-                meta.put(_VERSION, FORMAT_VERSION)
-            else:
-                bucket_ms = int(stored_width)
-            return cls(path, db, bucket_ms)
-        except (ValueError, StoreCorruptError) as exc:
+            has_buckets = bool(_bucket_names(families))
+            bucket_ms = _check_meta(path, db, bucket_ms, identity, has_buckets=has_buckets)
+            return cls(path, db, bucket_ms, families)
+        except StoreError:
+            db.close()
+            raise
+        except ValueError as exc:
             db.close()
             raise StoreCorruptError(f"store {path} has unreadable metadata: {exc}") from exc
+        except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+            db.close()
+            raise classify_open_failure(path, exc) from exc
 
     @staticmethod
     def wipe(path: Path) -> None:
-        """Delete the store at ``path`` (it is rebuilt from the changelog)."""
-        shutil.rmtree(path, ignore_errors=True)
+        """Delete the store at ``path`` so it is rebuilt from the changelog.
+
+        Refuses (:class:`StoreUnusableError`) a directory that does not look
+        like a store (no ``CURRENT`` file and not empty): only what the
+        changelog can restore is deleted. A failed delete is
+        :class:`StoreUnusableError` too.
+        """
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise StoreUnusableError(f"store {path} is not a directory; not wiping it")
+        try:
+            looks_like_store = (path / "CURRENT").is_file() or not any(path.iterdir())
+        except OSError as exc:
+            raise StoreUnusableError(f"store {path} cannot be listed: {exc}") from exc
+        if not looks_like_store:
+            raise StoreUnusableError(f"{path} does not look like a store (no CURRENT file); not wiping it")
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            raise StoreUnusableError(f"store {path} could not be wiped: {exc}") from exc
 
     def get_many(self, keys: list[bytes]) -> dict[bytes, Entry]:
-        """The entries of ``keys`` that exist (expired ones included: the caller decides)."""
+        """The entries of ``keys`` that exist (expired ones included: the caller decides).
+
+        A key found in more than one bucket (``write_raw`` leaves an older
+        copy behind) resolves to the copy with the largest ``expires_at``.
+        """
         found: dict[bytes, Entry] = {}
         if not keys:
             return found
@@ -162,46 +337,97 @@ class PartitionStore:
         changelog_offset: int | None,
         stream_time: int,
     ) -> None:
-        """Apply ``key → change`` with the offset and stream time, atomically."""
+        """Apply ``key → change`` with the offset and stream time, atomically.
+
+        The offset and stream time in memory move only once the batch is on
+        disk; a failed write raises :class:`StoreError` and changes nothing.
+        """
         batch = WriteBatch(raw_mode=True)
+        width = self.bucket_ms
         for key, (entry, previous, value) in changes.items():
-            bucket = entry.expires_at // self.bucket_ms
+            bucket = entry.expires_at // width
             if previous is not None:
-                old = previous.expires_at // self.bucket_ms
-                if old != bucket and old in self._buckets:
-                    batch.delete(key, self._db.get_column_family_handle(f"b{old}"))
+                old = previous.expires_at // width
+                if old != bucket and old in self._handles:
+                    batch.delete(key, self._handles[old])
             batch.put(key, value, self._handle(bucket))
-        meta = self._db.get_column_family_handle(_META)
-        if changelog_offset is not None and changelog_offset > self.changelog_offset:
-            batch.put(_OFFSET, str(changelog_offset).encode(), meta)
-            self.changelog_offset = changelog_offset
-        if stream_time > self.stream_time:
-            batch.put(_STREAM_TIME, str(stream_time).encode(), meta)
-            self.stream_time = stream_time
+        self._commit(batch, changelog_offset, stream_time)
+
+    def write_raw(
+        self,
+        entries: Iterable[tuple[bytes, bytes, int]],
+        *,
+        changelog_offset: int,
+        stream_time: int,
+    ) -> None:
+        """Write ``(key, encoded entry, expires_at)`` triples as they are, in one batch (restore's fast path).
+
+        Nothing is decoded and no earlier copy is looked up, so a key whose
+        ``expires_at`` moved to another bucket keeps its older copy there
+        until that bucket expires; :meth:`get_many` picks the copy with the
+        largest ``expires_at``, which is the newer one.
+        """
+        batch = WriteBatch(raw_mode=True)
+        width = self.bucket_ms
+        handles = self._handles
+        put = batch.put
+        for key, value, expires_at in entries:
+            bucket = expires_at // width
+            handle = handles.get(bucket)
+            if handle is None:
+                handle = self._handle(bucket)
+            put(key, value, handle)
+        self._commit(batch, changelog_offset, stream_time)
+
+    def _commit(self, batch: WriteBatch, changelog_offset: int | None, stream_time: int) -> None:
+        new_offset = changelog_offset is not None and changelog_offset > self.changelog_offset
+        new_time = stream_time > self.stream_time
+        if new_offset:
+            batch.put(_OFFSET, str(changelog_offset).encode(), self._meta_handle)
+        if new_time:
+            batch.put(_STREAM_TIME, str(stream_time).encode(), self._meta_handle)
         try:
             self._db.write(batch)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
-            raise StoreError(f"store {self.path}: write failed: {exc}") from exc
+            raise classify_write_failure(self.path, exc, "write") from exc
+        if new_offset and changelog_offset is not None:
+            self.changelog_offset = changelog_offset
+        if new_time:
+            self.stream_time = stream_time
 
     def _handle(self, bucket: int) -> Any:
-        if bucket not in self._buckets:
-            self._buckets[bucket] = self._db.create_column_family(f"b{bucket}", _family_options())
-        return self._db.get_column_family_handle(f"b{bucket}")
+        handle = self._handles.get(bucket)
+        if handle is None:
+            name = f"b{bucket}"
+            try:
+                self._buckets[bucket] = self._db.create_column_family(name, _family_options())
+                handle = self._handles[bucket] = self._db.get_column_family_handle(name)
+            except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+                self._buckets.pop(bucket, None)
+                raise classify_write_failure(self.path, exc, f"creating bucket {name}") from exc
+        return handle
 
     def expire(self, *, grace_ms: int | None = None) -> int:
         """Drop every bucket whose keys all expired before stream time minus ``grace_ms``.
 
         The grace (default one bucket) keeps keys for records that arrive a
         little out of timestamp order. Returns the number of keys dropped.
+        A bucket that cannot be dropped raises :class:`StoreError` and stays.
         """
         grace = self.bucket_ms if grace_ms is None else grace_ms
         dropped = 0
         for bucket in sorted(self._buckets):
             if (bucket + 1) * self.bucket_ms + grace > self.stream_time:
                 break
-            dropped += self.estimate_keys(self._buckets[bucket])
+            keys = self.estimate_keys(self._buckets[bucket])
+            try:
+                self._db.drop_column_family(f"b{bucket}")
+            except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+                self.keys_expired += dropped
+                raise classify_write_failure(self.path, exc, f"dropping bucket b{bucket}") from exc
             del self._buckets[bucket]
-            self._db.drop_column_family(f"b{bucket}")
+            self._handles.pop(bucket, None)
+            dropped += keys
             log.info("store %s: dropped expired bucket b%s", self.path, bucket)
         self.keys_expired += dropped
         return dropped
@@ -223,11 +449,31 @@ class PartitionStore:
         """The live bucket numbers, oldest first."""
         return sorted(self._buckets)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._closed
+
     def close(self) -> None:
-        """Flush and release the database (and its lock)."""
+        """Flush and release the database (and its lock); a second call does nothing.
+
+        The database is released even when closing a column family fails.
+        """
+        if self._closed:
+            return
+        self._closed = True
         families = [self._meta, *self._buckets.values()]
         self._buckets.clear()
-        for family in families:
-            family.close()
-        self._db.close()
-        del self._meta
+        self._handles.clear()  # column family handles keep the database alive (and locked)
+        self._meta_handle = None
+        try:
+            for family in families:
+                try:
+                    family.close()
+                except Exception as exc:  # noqa: BLE001  (rocksdict raises bare Exception; the db must still close)
+                    log.warning("store %s: closing a column family failed: %s", self.path, exc)
+        finally:
+            try:
+                self._db.close()
+            except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+                raise classify_write_failure(self.path, exc, "close") from exc

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rocksdict import Options, Rdict
 
-from pipeline.errors import StoreCorruptError, StoreError
+from pipeline.errors import (
+    StoreCorruptError,
+    StoreError,
+    StoreIdentityError,
+    StoreLockedError,
+    StoreUnusableError,
+)
 from pipeline.state.decision import Entry
-from pipeline.state.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
+from pipeline.state.store import (
+    MIN_BUCKET_MS,
+    Change,
+    PartitionStore,
+    StoreIdentity,
+    bucket_width,
+    classify_open_failure,
+    classify_write_failure,
+)
 
 HOUR = 3_600_000
+IDENTITY = StoreIdentity("webhooks", "workers", "webhooks.raw", 3, "webhooks-seen-changelog")
 
 
 def _entry(first_seen: int, ttl: int = HOUR) -> Entry:
@@ -47,11 +65,11 @@ def test_state_survives_closing_and_reopening(tmp_path: Path) -> None:
         again.close()
 
 
-def test_a_store_held_by_another_handle_is_a_store_error(store: PartitionStore) -> None:
-    """Opening a store that is open elsewhere fails with StoreError, not corruption."""
-    with pytest.raises(StoreError) as caught:
+def test_a_store_held_by_another_handle_is_locked_not_corrupt(store: PartitionStore) -> None:
+    """Opening a store that is open elsewhere fails with the retriable StoreLockedError."""
+    with pytest.raises(StoreLockedError) as caught:
         PartitionStore.open(store.path, bucket_ms=HOUR)
-    assert not isinstance(caught.value, StoreCorruptError)
+    assert caught.value.retriable
 
 
 def test_an_unreadable_store_is_reported_as_corrupt(tmp_path: Path) -> None:
@@ -105,3 +123,217 @@ def test_stores_use_a_bloom_filter_and_bounded_memtables(store: PartitionStore) 
     options = max(store.path.glob("OPTIONS-*")).read_text()
     assert "bloomfilter" in options.lower()
     assert "write_buffer_size=8388608" in options
+
+
+def _open(path: Path, identity: StoreIdentity = IDENTITY) -> PartitionStore:
+    return PartitionStore.open(path, bucket_ms=HOUR, identity=identity)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        IDENTITY._replace(app="billing"),
+        IDENTITY._replace(group="other-workers"),
+        IDENTITY._replace(topic="webhooks.effects"),
+        IDENTITY._replace(partition=4),
+        IDENTITY._replace(changelog="webhooks-effects-changelog"),
+    ],
+    ids=["app", "group", "topic", "partition", "changelog"],
+)
+def test_a_store_of_another_identity_is_refused_and_left_alone(tmp_path: Path, other: StoreIdentity) -> None:
+    """Any field of the identity differing refuses the open with both identities named; the data stays."""
+    path = tmp_path / "p"
+    first = _open(path)
+    first.write({b"k": Change.of(_entry(5))}, changelog_offset=7, stream_time=5)
+    first.close()
+    with pytest.raises(StoreIdentityError) as caught:
+        _open(path, other)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert IDENTITY.describe() in message
+    assert other.describe() in message
+    assert not caught.value.retriable
+    again = _open(path)  # refused without touching (or locking) anything
+    try:
+        assert again.get_many([b"k"]) == {b"k": _entry(5)}
+        assert again.changelog_offset == 7
+    finally:
+        again.close()
+
+
+def test_the_identity_is_kept_across_reopening(tmp_path: Path) -> None:
+    """A store created for an identity opens again for the same identity."""
+    _open(tmp_path / "p").close()
+    _open(tmp_path / "p").close()
+
+
+def test_a_version_1_store_with_data_is_corrupt(tmp_path: Path) -> None:
+    """A store written by format 1 (no identity) is StoreCorruptError: the worker wipes and restores it."""
+    path = tmp_path / "p"
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    db = Rdict(
+        str(path), options, column_families={"meta": Options(raw_mode=True), "b100": Options(raw_mode=True)}
+    )
+    meta, bucket = db.get_column_family("meta"), db.get_column_family("b100")
+    meta[b"version"] = b"1"
+    meta[b"bucket_ms"] = str(HOUR).encode()
+    meta[b"changelog_offset"] = b"41"
+    bucket[b"k"] = _entry(1).encode()
+    for family in (meta, bucket, db):
+        family.close()
+    del meta, bucket, db
+    with pytest.raises(StoreCorruptError):
+        _open(path)
+    PartitionStore.wipe(path)
+    assert _open(path).changelog_offset == -1
+
+
+def test_a_format_2_store_with_data_but_no_identity_is_corrupt(tmp_path: Path) -> None:
+    """Data without an identity cannot be vouched for: StoreCorruptError."""
+    path = tmp_path / "p"
+    unchecked = PartitionStore.open(path, bucket_ms=HOUR)  # the temporary identity-less open
+    unchecked.write({b"k": Change.of(_entry(1))}, changelog_offset=1, stream_time=1)
+    unchecked.close()
+    with pytest.raises(StoreCorruptError):
+        _open(path)
+
+
+def test_a_path_that_is_a_file_is_unusable(tmp_path: Path) -> None:
+    """A file where the store's directory should be is StoreUnusableError (retriable, never wiped)."""
+    path = tmp_path / "p"
+    path.write_text("not a store")
+    with pytest.raises(StoreUnusableError) as caught:
+        _open(path)
+    assert caught.value.retriable
+    with pytest.raises(StoreUnusableError):
+        PartitionStore.wipe(path)
+    assert path.read_text() == "not a store"
+
+
+def test_a_path_under_a_file_is_unusable(tmp_path: Path) -> None:
+    """A store whose parent is a file cannot be created: StoreUnusableError."""
+    (tmp_path / "state").write_text("")
+    with pytest.raises(StoreUnusableError):
+        _open(tmp_path / "state" / "p")
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root ignores directory permissions; the classifier test covers the message"
+)
+def test_a_read_only_directory_is_unusable(tmp_path: Path) -> None:
+    """A directory the worker may not write is StoreUnusableError."""
+    path = tmp_path / "p"
+    path.mkdir(mode=0o500)
+    with pytest.raises(StoreUnusableError):
+        _open(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("IO error: While lock file: /s/LOCK: Resource temporarily unavailable", StoreLockedError),
+        ("IO error: While open a file for lock: /s/LOCK: Permission denied", StoreUnusableError),
+        ("IO error: While lock file: /s/LOCK: Read-only file system", StoreUnusableError),
+        ("IO error: No space left on device: While appending to file: /s/000004.log", StoreUnusableError),
+        ("Not a directory (os error 20)", StoreUnusableError),
+        ("Corruption: bad record length", StoreCorruptError),
+        ("Corruption: checksum mismatch in file /s/000012.sst", StoreCorruptError),
+        (
+            "IO error: No such file or directory: While opening a file for sequentially reading: /s/MANIFEST-000009",
+            StoreCorruptError,
+        ),
+        ("Invalid argument: something RocksDB has not said before", StoreUnusableError),
+    ],
+)
+def test_open_failures_are_classified_by_what_the_caller_can_do(text: str, kind: type[StoreError]) -> None:
+    """Lock → wait; unusable or unknown → wait, never wipe; only corruption → wipe and restore."""
+    error = classify_open_failure(Path("/s"), Exception(text))
+    assert type(error) is kind
+    assert text in str(error)
+
+
+def test_write_failures_from_the_disk_are_unusable() -> None:
+    """A full or read-only disk during a write is StoreUnusableError; anything else plain StoreError."""
+    full = classify_write_failure(Path("/s"), Exception("IO error: No space left on device"), "write")
+    assert type(full) is StoreUnusableError
+    other = classify_write_failure(Path("/s"), Exception("Invalid argument: batch"), "write")
+    assert type(other) is StoreError
+
+
+def test_wipe_deletes_a_store(tmp_path: Path) -> None:
+    """A directory with RocksDB's CURRENT file is deleted."""
+    store = _open(tmp_path / "p")
+    store.close()
+    PartitionStore.wipe(tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
+def test_wipe_refuses_a_directory_that_is_not_a_store(tmp_path: Path) -> None:
+    """Only what the changelog can restore is wiped: a non-empty directory without CURRENT stays."""
+    path = tmp_path / "p"
+    path.mkdir()
+    (path / "precious.txt").write_text("keep me")
+    with pytest.raises(StoreUnusableError):
+        PartitionStore.wipe(path)
+    assert (path / "precious.txt").read_text() == "keep me"
+
+
+class _FailingDb:
+    """The real database, except that ``write`` fails as a full disk does."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, *args: Any) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_a_failed_write_leaves_offset_and_stream_time_unchanged(store: PartitionStore) -> None:
+    """The offset in memory never runs ahead of the disk: a failed write moves nothing."""
+    store.write({b"a": Change.of(_entry(1))}, changelog_offset=10, stream_time=1)
+    real = store._db
+    store._db = _FailingDb(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(StoreUnusableError):
+            store.write({b"b": Change.of(_entry(2))}, changelog_offset=11, stream_time=2)
+        with pytest.raises(StoreUnusableError):
+            store.write_raw(
+                [(b"c", _entry(3).encode(), _entry(3).expires_at)], changelog_offset=12, stream_time=3
+            )
+    finally:
+        store._db = real
+    assert (store.changelog_offset, store.stream_time) == (10, 1)
+    assert store.get_many([b"a", b"b", b"c"]) == {b"a": _entry(1)}
+
+
+def test_a_write_to_a_closed_store_is_a_store_error(tmp_path: Path) -> None:
+    """Writing after close raises StoreError (not rocksdict's own exception) and moves nothing."""
+    store = _open(tmp_path / "p")
+    store.close()
+    with pytest.raises(StoreError):
+        store.write({b"a": Change.of(_entry(1))}, changelog_offset=1, stream_time=1)
+    assert store.changelog_offset == -1
+
+
+def test_close_is_idempotent_and_releases_the_lock(tmp_path: Path) -> None:
+    """A second close does nothing; the store can be opened again after the first."""
+    store = _open(tmp_path / "p")
+    store.close()
+    store.close()
+    _open(tmp_path / "p").close()
+
+
+def test_write_raw_then_get_many_returns_the_newest_entry(store: PartitionStore) -> None:
+    """Raw writes keep an older copy in an earlier bucket; get_many picks the largest expires_at."""
+    old = _entry(0)
+    new = old._replace(expires_at=old.expires_at + 5 * HOUR, duplicates=1)
+    store.write_raw([(b"k", old.encode(), old.expires_at)], changelog_offset=0, stream_time=0)
+    store.write_raw([(b"k", new.encode(), new.expires_at)], changelog_offset=1, stream_time=5)
+    assert store.get_many([b"k"]) == {b"k": new}
+    assert len(list(store.buckets())) == 2
+    assert (store.changelog_offset, store.stream_time) == (1, 5)
