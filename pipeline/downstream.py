@@ -10,6 +10,10 @@ the topic from the beginning. So a downstream service must
    auto-commit, offsets committed only after the effect is durable), and
 2. apply each command at most once per effect key, which :func:`apply_once`
    (psycopg 3, sync) and :func:`apply_once_async` do against PostgreSQL.
+   psycopg is the optional ``postgres`` extra (``pip install
+   'webhook-pipeline[postgres]'``), imported on first use: without it,
+   :class:`Command` and :func:`consumer_settings` work and the PostgreSQL
+   helpers raise :class:`~pipeline.errors.MissingExtraError`.
 
 :class:`Command` is the typed form of the contract's command record
 (``docs/design.md``, section 3, "The record contract").
@@ -19,13 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-import psycopg
-from psycopg import sql
 
-from pipeline.errors import InvalidRecordError
+from pipeline.errors import InvalidRecordError, MissingExtraError
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
 
 __all__ = [
     "APPLIED_TABLE",
@@ -175,25 +181,40 @@ class Command:
         return orjson.dumps(self.to_dict())
 
 
+def _sql() -> Any:
+    """``psycopg.sql``, imported on first use: psycopg is the optional ``postgres`` extra."""
+    try:
+        from psycopg import sql  # noqa: PLC0415
+    except ImportError:
+        raise MissingExtraError(
+            "pipeline.downstream needs psycopg, which is not installed: "
+            "pip install 'webhook-pipeline[postgres]'"
+        ) from None
+    return sql
+
+
 def _table(table: str) -> sql.Identifier:
     """``table`` or ``schema.table`` as a quoted SQL identifier."""
-    return sql.Identifier(*table.split("."))
+    result: sql.Identifier = _sql().Identifier(*table.split("."))
+    return result
 
 
 def _schema_sql(table: str) -> sql.Composed:
-    return sql.SQL(
+    template: sql.SQL = _sql().SQL(
         "CREATE TABLE IF NOT EXISTS {} ("
         " effect_key text PRIMARY KEY,"
         " command text NOT NULL,"
         " applied_at timestamptz NOT NULL DEFAULT now())"
-    ).format(_table(table))
+    )
+    return template.format(_table(table))
 
 
 def _claim_sql(table: str) -> sql.Composed:
-    return sql.SQL(
+    template: sql.SQL = _sql().SQL(
         "INSERT INTO {} (effect_key, command, applied_at) VALUES (%s, %s, now())"
         " ON CONFLICT (effect_key) DO NOTHING RETURNING effect_key"
-    ).format(_table(table))
+    )
+    return template.format(_table(table))
 
 
 def ensure_schema(conn: psycopg.Connection[Any], table: str = APPLIED_TABLE) -> None:
@@ -204,14 +225,16 @@ def ensure_schema(conn: psycopg.Connection[Any], table: str = APPLIED_TABLE) -> 
     command topic, a provider's manual replay window); a command replayed
     after that is applied again, so keep the effects themselves idempotent too.
     """
+    statement = _schema_sql(table)
     with conn.transaction():
-        conn.execute(_schema_sql(table))
+        conn.execute(statement)
 
 
 async def ensure_schema_async(conn: psycopg.AsyncConnection[Any], table: str = APPLIED_TABLE) -> None:
     """:func:`ensure_schema` for an async connection."""
+    statement = _schema_sql(table)
     async with conn.transaction():
-        await conn.execute(_schema_sql(table))
+        await conn.execute(statement)
 
 
 def apply_once(
@@ -248,8 +271,9 @@ def apply_once(
     with an implicit transaction left open: that transaction, not this call,
     decides when the claim is committed.
     """
+    claim = _claim_sql(table)
     with conn.transaction(), conn.cursor() as cursor:
-        cursor.execute(_claim_sql(table), (command.effect_key, command.command))
+        cursor.execute(claim, (command.effect_key, command.command))
         if cursor.fetchone() is None:
             return False
         apply(cursor, command)
@@ -264,8 +288,9 @@ async def apply_once_async(
     table: str = APPLIED_TABLE,
 ) -> bool:
     """:func:`apply_once` for ``psycopg.AsyncConnection``; ``apply`` is a coroutine function."""
+    claim = _claim_sql(table)
     async with conn.transaction(), conn.cursor() as cursor:
-        await cursor.execute(_claim_sql(table), (command.effect_key, command.command))
+        await cursor.execute(claim, (command.effect_key, command.command))
         if await cursor.fetchone() is None:
             return False
         await apply(cursor, command)

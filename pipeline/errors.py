@@ -33,6 +33,12 @@ class TopologyError(ConfigError):
         super().__init__("; ".join(self.problems))
 
 
+class MissingExtraError(PipelineError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+    reason = "missing-extra"
+
+
 class UnknownProviderError(ConfigError):
     """No provider preset has this name."""
 

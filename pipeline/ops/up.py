@@ -1,25 +1,33 @@
 """``pipeline up``: the whole pipeline on one machine, local Kafka included.
 
-Starts the local broker with ``deploy/kafka/kafka.sh`` when no bootstrap
-server is given, creates the topics, runs the ingress and a worker in this
-process, and prints where everything is. Ctrl-C (or SIGTERM) stops the
-services and the broker it started.
+Starts the local broker with the packaged ``pipeline/ops/kafka/kafka.sh``
+(the checkout's ``deploy/kafka/kafka.sh``) when no bootstrap server is given,
+creates the topics, runs the ingress and a worker in this process, and prints
+where everything is. Ctrl-C (or SIGTERM) stops the services and the broker it
+started. The broker needs bash, Java 17+ and, the first time (to download the
+Kafka jars from Maven Central), Maven; a missing one is named in one line
+before anything starts. Its data and log are in ``./.kafka/<port>/`` unless
+``KAFKA_RUN_DIR`` says otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
+import re
 import secrets
 import shlex
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import kafka, topology
+from pipeline import kafka, resources, topology
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
@@ -29,9 +37,6 @@ from pipeline.topology import Topology, Verify
 from pipeline.worker.loop import Worker
 
 log = logging.getLogger(__name__)
-
-REPO = Path(__file__).resolve().parent.parent
-KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
 
 
 @dataclass(frozen=True)
@@ -152,24 +157,77 @@ class Up:
         self._stopping.set()
 
     async def _start_broker(self) -> None:
-        if not KAFKA_SH.exists():
-            raise ConfigError("no local broker script here (deploy/kafka/kafka.sh): give --bootstrap")
+        broker = LocalBroker.here(self.settings.kafka_port)
+        broker.check()
         self.out(f"Starting the local Kafka broker on 127.0.0.1:{self.settings.kafka_port} ...")
-        code = await _run([str(KAFKA_SH), "start", str(self.settings.kafka_port)])
-        if code != 0:
-            raise PipelineError(
-                f"the local broker did not start (see {KAFKA_SH} logs {self.settings.kafka_port})"
-            )
+        if await broker.run("start") != 0:
+            raise PipelineError(f"the local broker did not start (its log: {broker.log_file})")
         self._started_broker = True
 
     async def _stop_broker(self) -> None:
         self.out("Stopping the local Kafka broker ...")
-        await _run([str(KAFKA_SH), "stop", str(self.settings.kafka_port)])
+        await LocalBroker.here(self.settings.kafka_port).run("stop")
 
 
-async def _run(argv: list[str]) -> int:
-    process = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL)
-    return await process.wait()
+@dataclass(frozen=True)
+class LocalBroker:
+    """The packaged broker script, run for one port with its data under ``run_dir``."""
+
+    script: Path
+    port: int
+    run_dir: Path
+    cache_dir: Path
+
+    @classmethod
+    def here(cls, port: int, environ: Mapping[str, str] | None = None) -> LocalBroker:
+        """The broker of ``port``: data in ``$KAFKA_RUN_DIR`` or ``./.kafka``, jars in kafka.sh's cache."""
+        env = os.environ if environ is None else environ
+        cache = env.get("KAFKA_CACHE_DIR") or str(
+            Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "webhook-pipeline"
+        )
+        return cls(
+            script=resources.kafka_dir() / "kafka.sh",
+            port=port,
+            run_dir=Path(env.get("KAFKA_RUN_DIR") or Path.cwd() / ".kafka").resolve(),
+            cache_dir=Path(cache),
+        )
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's log."""
+        return self.run_dir / str(self.port) / "kafka.log"
+
+    def jars_cached(self) -> bool:
+        """Whether kafka.sh has downloaded this Kafka version's jars already."""
+        pom = self.script.with_name("pom.xml").read_text(encoding="utf-8")
+        version = re.search(r"<kafka.version>(.*)</kafka.version>", pom)
+        return version is not None and (self.cache_dir / f"kafka-{version[1]}" / "lib" / ".complete").exists()
+
+    def missing(self) -> list[str]:
+        """What this machine lacks to run the broker, as install hints (empty: nothing)."""
+        if not self.script.is_file():
+            return [f"the broker script {self.script} (reinstall webhook-pipeline)"]
+        needs = [("bash", "bash"), ("java", "Java 17+ (java)")]
+        if not self.jars_cached():
+            needs.append(("mvn", "Maven (mvn, to download the Kafka jars once)"))
+        return [what for command, what in needs if shutil.which(command) is None]
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` naming everything missing, in one line."""
+        missing = self.missing()
+        if missing:
+            raise ConfigError(
+                f"pipeline up needs {' and '.join(missing)} on PATH to start a local Kafka broker;"
+                " install it, or give --bootstrap HOST:PORT of a running Kafka"
+            )
+
+    async def run(self, action: str) -> int:
+        """Run ``kafka.sh ACTION PORT``; return its exit status."""
+        env = dict(os.environ, KAFKA_RUN_DIR=str(self.run_dir), PYTHON=sys.executable)
+        process = await asyncio.create_subprocess_exec(
+            "bash", str(self.script), action, str(self.port), stdin=subprocess.DEVNULL, env=env
+        )
+        return await process.wait()
 
 
 def dev_secrets(topo: Topology, environ: os._Environ[str] | dict[str, str]) -> list[str]:
@@ -184,7 +242,8 @@ def dev_secrets(topo: Topology, environ: os._Environ[str] | dict[str, str]) -> l
             continue
         name = source.secret_env[0]
         if not environ.get(name):
-            environ[name] = "whsec_" + secrets.token_urlsafe(24)
+            # standard base64: a Standard Webhooks source decodes it, every other scheme takes it as is
+            environ[name] = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
             generated.append(name)
     return generated
 
