@@ -28,6 +28,12 @@ from pipeline.errors import (
     UnknownSourceError,
 )
 from pipeline.ingress.metrics import UNKNOWN_SOURCE_LABEL, IngressMetrics
+from pipeline.ingress.request import (
+    STATUS,
+    check_content_encoding,
+    check_event_id,
+    read_body,
+)
 from pipeline.ingress.sink import OutgoingRecord, Produced, RecordTooLargeForBrokerError, Sink
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.base import Provider
@@ -58,12 +64,6 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"
 DECODED_HEADERS = frozenset({"content-encoding"})
 #: Every request header name that is never copied into the record.
 NOT_COPIED = HOP_BY_HOP | CREDENTIAL_HEADERS | DECODED_HEADERS
-
-
-class BodyTooLargeError(BodyError):
-    """The request body is larger than the ingress accepts."""
-
-    reason = "too-large"
 
 
 class NoSecretError(SignatureError):
@@ -155,10 +155,12 @@ class _Handlers:
             log.warning("refused webhook for unknown source %s key=-: 404", _printable(name, 64))
             return self._refuse(404, error)
         try:
-            body = await self._read_body(request)
-        except BodyTooLargeError as exc:
-            log.warning("refused webhook from %s key=-: 413 %s", source.name, exc)
-            return self._refuse(413, exc)
+            check_content_encoding(request)
+            body = await read_body(request, self.max_body_bytes)
+        except BodyError as exc:  # too large, undecodable, unsupported coding, cut short
+            status = STATUS.get(type(exc), 400)
+            log.warning("refused webhook from %s key=-: %s %s: %s", source.name, status, exc.reason, exc)
+            return self._refuse(status, exc)
         self.metrics.body_bytes.observe(len(body))
         headers = request.headers
         try:
@@ -166,24 +168,16 @@ class _Handlers:
                 if not source.secrets:
                     raise NoSecretError(f"no secret configured for source {source.name}")
                 source.provider.verify(headers, body, source.secrets, now=received_at, url=self._url(request))
-            event_id = source.provider.idempotency_key(headers, body).strip()
+            event_id = check_event_id(source.provider.idempotency_key(headers, body).strip())
             if not event_id:
                 raise BodyError("the idempotency key is empty")
+            providers.parse_body(body, source.provider.name)  # the worker takes JSON objects only
         except SignatureError as exc:
             return self._refuse(401, exc, source=source, body=body, request=request)
         except InvalidRecordError as exc:  # MissingKeyError, BodyError
             return self._refuse(400, exc, source=source, body=body, request=request)
         key = f"{source.name}:{event_id}"
         return await self._produce(request, source, key, body, received_at)
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        declared = request.content_length
-        if declared is not None and declared > self.max_body_bytes:
-            raise BodyTooLargeError(f"body of {declared} bytes is over the {self.max_body_bytes}-byte limit")
-        try:
-            return await request.read()  # bounded by the app's client_max_size
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLargeError(f"body is over the {self.max_body_bytes}-byte limit") from None
 
     def _url(self, request: web.Request) -> str:
         """The URL as the sender addressed it (Square signs it)."""

@@ -30,11 +30,11 @@ from pipeline.errors import ConfigError
 from pipeline.ingress.app import (
     DEFAULT_MAX_BODY_BYTES,
     HANDLERS,
-    BodyTooLargeError,
     NoSecretError,
     build_app,
 )
 from pipeline.ingress.metrics import IngressMetrics
+from pipeline.ingress.request import BodyTooLargeError
 from pipeline.ingress.sink import KafkaSink, Sink
 from pipeline.topology import Topology
 
