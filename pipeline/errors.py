@@ -75,6 +75,12 @@ class SignatureError(InvalidRecordError):
     reason = "bad-signature"
 
 
+class KeyMismatchError(InvalidRecordError):
+    """A worker-verified record's key is not the event id its verified request carries."""
+
+    reason = "key-mismatch"
+
+
 class InvalidHeaderError(InvalidRecordError):
     """A header the contract defines has a value out of its range (``received-at`` not a sane time)."""
 

@@ -3,13 +3,18 @@
 A record becomes one of:
 
 - :class:`Invalid`: it cannot be processed (no source, unknown source, no key,
-  unreadable body, failed signature); it goes to the DLQ with the reason and
-  is never recorded as seen;
+  unreadable body, failed signature, a key its verified request does not carry);
+  it goes to the DLQ with the reason and is never recorded as seen;
 - :class:`Reroute`: its key hashes to another partition (or it had no key and
   its derived key does); it is moved to the owning partition, inside the
   transaction, and deduped only there;
 - :class:`Accepted`: it is on its owning partition with a scoped key, parsed
   and verified; the dedupe decision comes next.
+
+A source verified in the worker (``verify = "worker"``) is verified first, and its key is
+the provider's event id read from the verified request; a record key (or ``idempotency-key``
+header) that says otherwise is ``key-mismatch``: trusting it would let a validly signed body
+of event B be filed under A's key, claiming A and suppressing the genuine A.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, NamedTuple
 
 from pipeline import providers
 from pipeline.contract import IDEMPOTENCY_KEY_HEADER, Delivery
-from pipeline.errors import InvalidRecordError, MissingKeyError, UnknownSourceError
+from pipeline.errors import InvalidRecordError, KeyMismatchError, MissingKeyError, UnknownSourceError
 from pipeline.providers.base import Provider
 from pipeline.topology import Source, Topology, Verify
 
@@ -98,12 +103,14 @@ class Classifier:
             raise UnknownSourceError(f"source {source_name!r} is not in the topology")
         provider = self._providers[source_name]
         http = delivery.http_headers()
-        key, key_bytes = self._scoped_key(delivery, source_name, provider, http)
+        if source.verify is Verify.WORKER:
+            provider.verify(http, delivery.value, self._secrets[source_name], now=delivery.received_at / 1000)
+            key, key_bytes = self._verified_key(delivery, source_name, provider, http)
+        else:
+            key, key_bytes = self._scoped_key(delivery, source_name, provider, http)
         owner = self.partitioner(key_bytes, self.input_partitions)
         if owner != delivery.partition:
             return Reroute(key=key, partition=owner, source=source_name)
-        if source.verify is Verify.WORKER:
-            provider.verify(http, delivery.value, self._secrets[source_name], now=delivery.received_at / 1000)
         event = providers.parse_body(delivery.value, source.provider)
         return Accepted(
             key=key,
@@ -113,10 +120,44 @@ class Classifier:
             event=event,
         )
 
+    @staticmethod
+    def _verified_key(
+        delivery: Delivery, source: str, provider: Provider, http: Mapping[str, str]
+    ) -> tuple[str, bytes]:
+        """The key of a request verified in the worker: its own event id, never the producer's word.
+
+        Called only after ``provider.verify`` passed. The record key, else the
+        ``idempotency-key`` header, must name the same key (a keyless record takes it);
+        KeyMismatchError otherwise. No fast path: a scoped record key is compared, not trusted.
+        """
+        event_id = provider.idempotency_key(http, delivery.value).strip()
+        if not event_id:
+            raise MissingKeyError("the verified request's event id is empty")
+        key = f"{source}:{event_id}"
+        claimed = Classifier._claimed_key(delivery, source)
+        if claimed is not None and claimed != key:
+            raise KeyMismatchError(
+                f"the record key {_shown(claimed)} is not the verified request's key {_shown(key)}"
+            )
+        return key, key.encode("utf-8", "replace")
+
+    @staticmethod
+    def _claimed_key(delivery: Delivery, source: str) -> str | None:
+        """The scoped key the producer gave (record key, else ``idempotency-key`` header), or None."""
+        raw = delivery.key.decode("utf-8", "replace").strip() if delivery.key else ""
+        if not raw:
+            raw = delivery.headers.get(IDEMPOTENCY_KEY_HEADER, "").strip()
+        if not raw:
+            return None
+        return raw if raw.startswith(f"{source}:") else f"{source}:{raw}"
+
     def _scoped_key(
         self, delivery: Delivery, source: str, provider: Provider, http: Mapping[str, str]
     ) -> tuple[str, bytes]:
-        """The key as text and bytes; a record key that is already scoped is used as it is."""
+        """The key as text and bytes; a record key that is already scoped is used as it is.
+
+        Only for sources not verified in the worker (see :meth:`_verified_key`).
+        """
         raw = delivery.key
         prefix = self._prefixes[source]
         if raw and len(raw) > len(prefix) and raw.startswith(prefix):
@@ -139,3 +180,8 @@ class Classifier:
         if not raw or raw == f"{source}:":
             raise MissingKeyError("the record has no key, no idempotency-key header and no provider event id")
         return raw if raw.startswith(f"{source}:") else f"{source}:{raw}"
+
+
+def _shown(key: str, limit: int = 120) -> str:
+    """``key`` quoted and bounded for an error message."""
+    return repr(key[:limit]) + ("…" if len(key) > limit else "")

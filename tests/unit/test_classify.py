@@ -18,6 +18,7 @@ TOPO = topology.parse(
         "sources": {
             "stripe": {"verify": "none"},
             "github": {"secrets": ["GH_SECRET"], "verify": "worker"},
+            "paid": {"provider": "stripe", "secrets": ["ST_SECRET"], "verify": "worker"},
         }
     }
 )
@@ -25,7 +26,9 @@ TOPO = topology.parse(
 
 @pytest.fixture
 def classifier() -> Classifier:
-    return Classifier(TOPO, owner_partition, input_partitions=PARTS, environ={"GH_SECRET": SECRET})
+    return Classifier(
+        TOPO, owner_partition, input_partitions=PARTS, environ={"GH_SECRET": SECRET, "ST_SECRET": SECRET}
+    )
 
 
 def _delivery(
@@ -146,6 +149,86 @@ def test_worker_side_verification_sends_forgeries_to_the_dlq(classifier: Classif
     body = b'{"ref": "refs/heads/main"}'
     result = classifier.classify(
         _delivery(b"github:d-1", body, _github(body, "wrong-secret", 1_700_000_000_000))
+    )
+    assert isinstance(result, Invalid)
+    assert result.reason == "bad-signature"
+
+
+RECEIVED_MS = 1_700_000_000_000
+BODY_A = orjson.dumps({"id": "evt_A", "type": "invoice.paid"})
+BODY_B = orjson.dumps({"id": "evt_B", "type": "invoice.paid"})
+
+
+def _paid(body: bytes, *, idempotency_key: bytes | None = None) -> list[tuple[str, bytes]]:
+    """Kafka headers of a Stripe request to the worker-verified source ``paid``, validly signed."""
+    signed = sign("stripe", body, SECRET, timestamp=RECEIVED_MS / 1000)
+    headers = [("source", b"paid"), ("received-at", str(RECEIVED_MS).encode())]
+    headers += [(f"http-{name.lower()}", value.encode()) for name, value in signed.items()]
+    if idempotency_key is not None:
+        headers.append(("idempotency-key", idempotency_key))
+    return headers
+
+
+@pytest.mark.parametrize(
+    ("record_key", "idempotency_key"),
+    [
+        (b"paid:evt_A", None),  # already scoped: the fast path must not trust it
+        (b"evt_A", None),  # unscoped
+        (b"  paid:evt_A\n", None),  # spelled with whitespace
+        (None, b"evt_A"),  # keyless, the idempotency-key header claims A
+        (b"paid:evt_A", b"evt_B"),  # the record key is the claim, whatever the header says
+    ],
+)
+def test_a_signed_body_of_b_filed_under_a_is_a_key_mismatch_never_accepted(
+    classifier: Classifier, record_key: bytes | None, idempotency_key: bytes | None
+) -> None:
+    """With verify = "worker", a validly signed body of event B under key A goes to the DLQ as key-mismatch."""
+    partition = owner_partition(b"paid:evt_A", PARTS)
+    result = classifier.classify(
+        _delivery(record_key, BODY_B, _paid(BODY_B, idempotency_key=idempotency_key), partition)
+    )
+    assert isinstance(result, Invalid)
+    assert result.reason == "key-mismatch"
+    assert "paid:evt_A" in result.error
+    assert "paid:evt_B" in result.error
+
+
+def test_a_key_mismatch_is_refused_where_it_lands_not_rerouted(classifier: Classifier) -> None:
+    """A mismatched record on A's partition or on B's is invalid there; it is never moved to either owner."""
+    for partition in range(PARTS):
+        result = classifier.classify(_delivery(b"paid:evt_A", BODY_B, _paid(BODY_B), partition))
+        assert isinstance(result, Invalid), partition
+        assert result.reason == "key-mismatch"
+
+
+def test_the_genuine_event_keeps_its_key_after_a_mismatched_copy(classifier: Classifier) -> None:
+    """After B's body was refused under A's key, the genuine A is accepted as paid:evt_A."""
+    owner = owner_partition(b"paid:evt_A", PARTS)
+    forged = classifier.classify(_delivery(b"paid:evt_A", BODY_B, _paid(BODY_B), owner))
+    genuine = classifier.classify(_delivery(b"paid:evt_A", BODY_A, _paid(BODY_A), owner))
+    assert isinstance(forged, Invalid)
+    assert isinstance(genuine, Accepted)
+    assert (genuine.key, genuine.key_bytes) == ("paid:evt_A", b"paid:evt_A")
+
+
+def test_a_keyless_worker_verified_record_takes_the_verified_event_id(classifier: Classifier) -> None:
+    """Without a key or header the key is the verified body's id: accepted on its owner, rerouted elsewhere."""
+    owner = owner_partition(b"paid:evt_B", PARTS)
+    accepted = classifier.classify(_delivery(None, BODY_B, _paid(BODY_B), owner))
+    assert isinstance(accepted, Accepted)
+    assert accepted.key == "paid:evt_B"
+    moved = classifier.classify(_delivery(None, BODY_B, _paid(BODY_B), (owner + 1) % PARTS))
+    assert moved == Reroute(key="paid:evt_B", partition=owner, source="paid")
+
+
+def test_a_forged_signature_is_refused_before_the_key_is_compared(classifier: Classifier) -> None:
+    """A bad signature under a mismatched key is bad-signature: nothing is read from an unverified request."""
+    headers = _paid(BODY_B)
+    headers = [
+        (n, b"t=1700000000,v1=" + b"0" * 64 if n == "http-stripe-signature" else v) for n, v in headers
+    ]
+    result = classifier.classify(
+        _delivery(b"paid:evt_A", BODY_B, headers, owner_partition(b"paid:evt_A", PARTS))
     )
     assert isinstance(result, Invalid)
     assert result.reason == "bad-signature"
