@@ -238,9 +238,16 @@ def _add_ingress_settings(parser: _Parser) -> None:
 def _cmd_topics(args: argparse.Namespace) -> int:
     from pipeline import kafka, topology  # noqa: PLC0415  (no work at import time)
 
-    topo = topology.load(args.topology)
+    if args.partitions is not None and args.partitions < 1:
+        raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
+    if not 0 < args.timeout <= 3600:
+        raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
+    topo = topology.load(args.topology, os.environ)
     specs = kafka.topic_specs(topo, args.partitions)
-    results = asyncio.run(kafka.ensure_topics(args.bootstrap, specs, timeout=args.timeout))
+    try:
+        results = asyncio.run(kafka.ensure_topics(args.bootstrap, specs, timeout=args.timeout))
+    except kafka.KafkaError as exc:
+        raise PipelineError(f"Kafka at {args.bootstrap}: {exc}") from None
     for done, result in enumerate(results, 1):
         line = f"[{done}/{len(results)}] {result.action:8} {result.name} ({result.partitions} partitions)"
         print(line + (f"  note: {result.note}" if result.note else ""))
@@ -248,12 +255,20 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from pipeline import topology  # noqa: PLC0415
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+    from pipeline import credentials, topology  # noqa: PLC0415
+    from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
     from pipeline.worker.loop import Worker  # noqa: PLC0415
 
     settings = worker_settings(args)
-    topo = topology.load(settings.topology)
-    return asyncio.run(_run_service(Worker(settings, topo)))
+    topo = topology.load(settings.topology, os.environ)
+    credentials.require_secrets(topo, topology.Verify.WORKER)
+    check_bootstrap(settings.bootstrap)
+    try:
+        return asyncio.run(_run_service(Worker(settings, topo)))
+    except KafkaError as exc:  # one the worker did not turn into a PipelineError itself
+        raise PipelineError(f"Kafka at {settings.bootstrap}: {exc}") from None
 
 
 async def _run_service(service: Service) -> int:
@@ -279,7 +294,7 @@ def _cmd_ingress(args: argparse.Namespace) -> int:
     from pipeline.ingress.server import Ingress  # noqa: PLC0415
 
     settings = ingress_settings(args)
-    topo = topology.load(settings.topology)
+    topo = topology.load(settings.topology, os.environ)
     return asyncio.run(_run_service(Ingress(settings, topo)))
 
 

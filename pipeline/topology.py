@@ -17,12 +17,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.durations import parse_duration
-from pipeline.errors import TopologyError
+from pipeline.errors import ConfigError, TopologyError
 
-DEFAULT_TTL = timedelta(days=7)
+if TYPE_CHECKING:
+    from pipeline.providers.base import Preset
+
+DEFAULT_TTL = timedelta(days=7)  # for a Source built in code; a topology source takes its preset's
+#: Bounds of every TTL (``ttl``, ``effect_ttl``). Below an hour no provider's retries are
+#: covered (and a store bucket is at least an hour wide); above a year is a typo.
+MIN_TTL = timedelta(hours=1)
+MAX_TTL = timedelta(days=365)
 CHANGELOG_MARGIN = timedelta(days=1)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -57,9 +64,14 @@ class Source:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def secrets(self, environ: Mapping[str, str] | None = None) -> list[str]:
-        """The secrets named by ``secret_env`` that are set (rotation: several may be)."""
-        env = os.environ if environ is None else environ
-        return [env[name] for name in self.secret_env if env.get(name)]
+        """The secrets named by ``secret_env`` that are set (rotation: several may be).
+
+        Raises ConfigError, naming the variable, when a set value is unusable for the
+        provider (see :mod:`pipeline.credentials`).
+        """
+        from pipeline.credentials import source_secrets  # noqa: PLC0415  (loads the presets)
+
+        return source_secrets(self, environ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +160,12 @@ class Topology:
         return None
 
 
-def load(path: str | os.PathLike[str]) -> Topology:
-    """Read and validate the topology at ``path``."""
+def load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Topology:
+    """Read and validate the topology at ``path`` (and, given ``environ``, its secrets).
+
+    With ``environ`` (the services pass ``os.environ``), each secret variable set there
+    must hold a value its provider can use; an unset one is not an error here.
+    """
     file = Path(path)
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -159,7 +175,15 @@ def load(path: str | os.PathLike[str]) -> Topology:
         raise TopologyError([f"{file}: cannot read: {exc}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError([f"{file}: not valid TOML: {exc}"]) from None
-    return parse(data, origin=str(file), path=file)
+    topo = parse(data, origin=str(file), path=file)
+    if environ is None:
+        return topo
+    from pipeline.credentials import secret_problems  # noqa: PLC0415  (loads the presets)
+
+    problems = secret_problems(topo, environ)
+    if problems:
+        raise TopologyError([f"{file}: {problem}" for problem in problems])
+    return topo
 
 
 def parse(data: Mapping[str, Any], *, origin: str = "<topology>", path: Path | None = None) -> Topology:
@@ -213,7 +237,7 @@ class _Problems:
 
     def duration(self, value: object, key: str) -> timedelta:
         try:
-            return parse_duration(value)
+            return parse_duration(value, at_least=MIN_TTL, at_most=MAX_TTL)
         except ValueError as exc:
             self.add(key, str(exc))
             return DEFAULT_TTL
@@ -273,7 +297,13 @@ def _parse_sources(raw: object, problems: _Problems) -> dict[str, Source]:
         if not (isinstance(secret_env, list) and all(isinstance(s, str) and s for s in secret_env)):
             problems.add(f"{key}.secrets", "must be a list of environment variable names")
             secret_env = []
-        ttl = problems.duration(table.get("ttl", "7d"), f"{key}.ttl")
+        options = table.get("options", {})
+        if not isinstance(options, Mapping):
+            problems.add(f"{key}.options", "must be a table")
+            options = {}
+        preset = _preset(str(provider), options, key, problems)
+        default_ttl = preset.default_ttl if preset is not None else DEFAULT_TTL
+        ttl = problems.duration(table["ttl"], f"{key}.ttl") if "ttl" in table else default_ttl
         expiry = _enum(Expiry, table.get("expiry", "fixed"), f"{key}.expiry", problems)
         verify = _enum(Verify, table.get("verify", "ingress"), f"{key}.verify", problems)
         if verify is not Verify.NONE and provider in providers.names() and not secret_env:
@@ -281,10 +311,12 @@ def _parse_sources(raw: object, problems: _Problems) -> dict[str, Source]:
                 f"{key}.secrets",
                 f"verify = {verify.value!r} needs at least one secret variable (or verify = 'none')",
             )
-        options = table.get("options", {})
-        if not isinstance(options, Mapping):
-            problems.add(f"{key}.options", "must be a table")
-            options = {}
+        if verify is not Verify.NONE and preset is not None and not preset.verifies:
+            problems.add(
+                f"{key}.verify",
+                f"verify = {verify.value!r} but the source has no signature scheme:"
+                " set options.signature_header, or verify = 'none'",
+            )
         sources[name] = Source(
             name=name,
             provider=str(provider),
@@ -295,6 +327,19 @@ def _parse_sources(raw: object, problems: _Problems) -> dict[str, Source]:
             options=dict(options),
         )
     return sources
+
+
+def _preset(provider: str, options: Mapping[str, Any], key: str, problems: _Problems) -> Preset | None:
+    """The source's preset built with its options (they are checked here), or None."""
+    from pipeline import providers  # noqa: PLC0415
+
+    if provider not in providers.names():
+        return None  # already reported
+    try:
+        return providers.build(provider, **options)
+    except ConfigError as exc:
+        problems.add(f"{key}.options", str(exc))
+        return None
 
 
 def _parse_routes(raw: object, sources: Mapping[str, Source], problems: _Problems) -> tuple[Route, ...]:

@@ -13,7 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
-from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
+from pipeline.kafka.alter_configs import set_topic_configs
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.topology import Topology
 
@@ -73,6 +74,7 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
 @asynccontextmanager
 async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterator[AIOKafkaAdminClient]:
     """An admin client that raises ``BrokerUnavailableError`` when the broker cannot be reached."""
+    check_bootstrap(bootstrap)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout)
@@ -85,18 +87,32 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
         await admin.close()
 
 
+def check_bootstrap(bootstrap: str) -> None:
+    """ConfigError unless ``bootstrap`` is a comma-separated list of ``host[:port]``."""
+    for entry in bootstrap.split(","):
+        host, colon, port = entry.strip().rpartition(":")
+        if not entry.strip() or (colon and not (host and port.isdigit() and 0 < int(port) < 65536)):
+            raise ConfigError(f"bootstrap servers {bootstrap!r}: {entry.strip()!r} is not host:port")
+
+
 async def ensure_topics(
     bootstrap: str, specs: Sequence[TopicSpec], *, timeout: float = 10.0
 ) -> list[TopicResult]:
-    """Create the topics that are missing and set the configs of those that exist.
+    """Create the topics that are missing and restore the configs the pipeline owns.
 
     Idempotent: running it twice leaves the same topics with the same configs.
-    A topic with fewer partitions than asked is left alone and reported: raising
-    the partition count moves keys between partitions, which only
-    ``pipeline rescale`` does safely.
+    Only the keys a spec names are set, with IncrementalAlterConfigs: every other
+    setting of an existing topic (an operator's ``retention.ms`` on the input,
+    say) is left as it is. A topic whose partition count differs from the one
+    asked raises ``ConfigError`` before anything is created or changed: raising
+    a count moves keys between partitions, which only ``pipeline rescale`` does
+    safely, and a count cannot be lowered at all.
     """
     async with admin_client(bootstrap, timeout=timeout) as admin:
         existing = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics()}
+        problem = _partition_problem(specs, existing)
+        if problem is not None:
+            raise ConfigError(problem)
         missing = [s for s in specs if s.name not in existing]
         results: list[TopicResult] = []
         if missing:
@@ -111,19 +127,60 @@ async def ensure_topics(
             await _until_visible(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
             results += [TopicResult(s.name, "created", s.partitions) for s in missing]
         present = [s for s in specs if s.name in existing]
-        to_alter = [s for s in present if s.configs]
-        if to_alter:
-            await admin.alter_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, s.name, configs=s.configs) for s in to_alter]
-            )
+        current = await _read_configs(admin, [s.name for s in present if s.configs])
+        changes = {
+            s.name: {
+                key: value for key, value in s.configs.items() if current.get(s.name, {}).get(key) != value
+            }
+            for s in present
+        }
+        changes = {name: configs for name, configs in changes.items() if configs}
+        await set_topic_configs(admin, changes)
         for spec in present:
-            count = existing[spec.name]
-            note = ""
-            if count != spec.partitions:
-                note = f"has {count} partitions, {spec.partitions} asked: use 'pipeline rescale' to change it"
-            action = "updated" if spec.configs else "exists"
-            results.append(TopicResult(spec.name, action, count, note))
+            changed = changes.get(spec.name, {})
+            note = "restored " + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) if changed else ""
+            results.append(
+                TopicResult(spec.name, "updated" if changed else "exists", existing[spec.name], note)
+            )
         return results
+
+
+def _partition_problem(specs: Sequence[TopicSpec], existing: dict[str, int]) -> str | None:
+    """One line naming each existing topic whose partition count is not the one asked, and the fix."""
+    wrong = [(s, existing[s.name]) for s in specs if s.name in existing and existing[s.name] != s.partitions]
+    if not wrong:
+        return None
+    asked = max(s.partitions for s, _ in wrong)
+    listed = ", ".join(f"{s.name} has {count}" for s, count in wrong)
+    fixes = []
+    more = [count for s, count in wrong if count > s.partitions]
+    if more:
+        fixes.append(
+            f"partitions cannot be removed: set topics.partitions = {max(more)} in the topology"
+            f" (or pass --partitions {max(more)})"
+        )
+    if any(count < s.partitions for s, count in wrong):
+        fixes.append(
+            f"raise them with 'pipeline rescale --partitions {asked}' (workers stopped: it moves"
+            " the keys; a changelog needs as many partitions as its input)"
+        )
+    return f"partition counts differ from the {asked} asked ({listed}); nothing was changed: " + "; or ".join(
+        fixes
+    )
+
+
+async def _read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The current configs of ``names`` over an open admin client."""
+    if not names:
+        return {}
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    )
+    configs: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for _code, _message, _type, name, entries in response.resources:
+            configs[name] = {entry[0]: entry[1] for entry in entries}
+    return configs
 
 
 async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:

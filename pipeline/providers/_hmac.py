@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -17,6 +18,8 @@ from pipeline.errors import ConfigError, SignatureError
 
 Encoding = Literal["hex", "base64"]
 
+# Standard base64 with optional padding; the length is checked separately.
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 # A unix timestamp in seconds: ASCII digits only (no sign, no fraction, no spaces).
 _MAX_TIMESTAMP_DIGITS = 12
 
@@ -59,22 +62,60 @@ def utf8_keys(secrets: Sequence[str], provider: str) -> list[bytes]:
 def base64_keys(secrets: Sequence[str], provider: str) -> list[bytes]:
     """Standard Webhooks secrets: ``whsec_`` stripped if present, the rest base64-decoded.
 
-    Unpadded base64 is accepted, as in the reference library. A secret that does not
-    decode is a configuration problem, reported by position only.
+    Unpadded base64 is accepted, as in the reference library; anything else that is not
+    standard base64 is refused (see :func:`base64_secret`). A secret that does not decode
+    is a configuration problem, reported by position only.
     """
     keys = []
     for position, secret in enumerate(checked_secrets(secrets, provider), start=1):
-        text = secret.removeprefix("whsec_")
         try:
-            key = base64.b64decode(text + "==")
-        except (binascii.Error, ValueError):
-            raise ConfigError(
-                f"{provider} secret #{position} is not base64 (expected 'whsec_<base64>')"
-            ) from None
-        if not key:
-            raise ConfigError(f"{provider} secret #{position} decodes to an empty key")
-        keys.append(key)
+            keys.append(base64_secret(secret))
+        except ValueError as exc:
+            raise ConfigError(f"{provider} secret #{position} {exc}") from None
     return keys
+
+
+def base64_secret(secret: str) -> bytes:
+    """The HMAC key a Standard Webhooks secret names: ``whsec_`` stripped, the rest decoded.
+
+    Strict: only the standard alphabet (``A-Z a-z 0-9 + /``) with optional ``=`` padding.
+    The reference libraries silently drop other characters, so a secret with ``-``, ``_``
+    or spaces would sign with a different key than the one configured. Raises
+    ``ValueError`` saying what is wrong, never showing the secret.
+    """
+    text = secret.removeprefix("whsec_")
+    if not text:
+        raise ValueError("is empty after its 'whsec_' prefix (expected 'whsec_<base64>')")
+    if text != text.strip() or secret != secret.strip():
+        raise ValueError("has leading or trailing whitespace (a pasted newline?)")
+    if "-" in text or "_" in text:
+        raise ValueError(
+            "is not standard base64: it has '-' or '_' (URL-safe base64 or another"
+            " scheme's secret); expected 'whsec_' followed by base64 of A-Z, a-z, 0-9, '+', '/'"
+        )
+    if not _BASE64.fullmatch(text):
+        raise ValueError("is not base64 (expected 'whsec_' followed by A-Z, a-z, 0-9, '+', '/', '=')")
+    body = text.rstrip("=")
+    if len(body) % 4 == 1:
+        raise ValueError("is not base64: its length is not a whole number of bytes (cut short?)")
+    try:
+        key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("is not base64 (expected 'whsec_<base64>')") from None
+    if not key:
+        raise ValueError("decodes to an empty key")
+    return key
+
+
+def text_secret_problem(secret: str) -> str | None:
+    """What is wrong with a secret used verbatim as an HMAC key, or None.
+
+    Such a secret is any text, but one with surrounding whitespace is almost always a
+    pasted newline, and would fail every signature.
+    """
+    if secret != secret.strip():
+        return "has leading or trailing whitespace (a pasted newline?)"
+    return None
 
 
 def checked_secrets(secrets: Sequence[str], provider: str) -> list[str]:

@@ -85,6 +85,10 @@ class BodyHmacVerifier:
         signature = _hmac.encode(_hmac.digest(_hmac.as_bytes(secret), message), self.encoding)
         return {self.header: self.prefix + signature.decode("ascii")}
 
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` for this scheme (used verbatim), or None."""
+        return _hmac.text_secret_problem(secret)
+
 
 @dataclass(frozen=True, slots=True)
 class NoSignatureVerifier:
@@ -110,3 +114,7 @@ class NoSignatureVerifier:
     ) -> dict[str, str]:
         """No signature headers."""
         return {}
+
+    def secret_problem(self, secret: str) -> str | None:
+        """Never a problem: there is no scheme to use a secret (see ``Preset.verifies``)."""
+        return None

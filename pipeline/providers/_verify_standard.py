@@ -108,3 +108,11 @@ class StandardWebhooksVerifier:
             self.timestamp_headers[0]: str(timestamp),
             self.signature_headers[0]: signature if self.bare_signatures else f"v1,{signature}",
         }
+
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` (``whsec_`` + standard base64), or None."""
+        try:
+            _hmac.base64_secret(secret)
+        except ValueError as exc:
+            return str(exc)
+        return None

@@ -97,6 +97,10 @@ class KeyValueHeaderVerifier:
         )
         return {self.header: value}
 
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` for this scheme (used verbatim), or None."""
+        return _hmac.text_secret_problem(secret)
+
 
 @dataclass(frozen=True, slots=True)
 class SlackVerifier:
@@ -157,3 +161,7 @@ class SlackVerifier:
             self.timestamp_header: str(timestamp),
             self.signature_header: f"{self.version}={signature.hex()}",
         }
+
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` for this scheme (used verbatim), or None."""
+        return _hmac.text_secret_problem(secret)

@@ -21,6 +21,7 @@ import orjson
 from pipeline.errors import MissingKeyError
 from pipeline.providers import _body
 from pipeline.providers._headers import HeaderView
+from pipeline.providers._verify_body import NoSignatureVerifier
 
 #: Floor for every preset's default TTL: a week covers every automatic retry schedule we know.
 MINIMUM_DEFAULT_TTL = timedelta(days=7)
@@ -110,6 +111,10 @@ class Verifier(Protocol):
         self, body: bytes, secret: str, *, timestamp: int, msg_id: str, url: str | None
     ) -> dict[str, str]:
         """The signature headers a sender holding ``secret`` would attach."""
+        ...
+
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` for this scheme (never showing it), or None when usable."""
         ...
 
 
@@ -220,6 +225,21 @@ class Preset:
     key: KeySource
     verifier: Verifier
     type_source: TypeSource = NoType()
+    #: Prefixes of the provider's other credentials, and what they are: a secret starting
+    #: with one was pasted from the wrong place (an API key instead of the signing secret).
+    foreign_secrets: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def verifies(self) -> bool:
+        """Whether this preset has a signature scheme (a ``generic`` one may have none)."""
+        return not isinstance(self.verifier, NoSignatureVerifier)
+
+    def secret_problem(self, secret: str) -> str | None:
+        """What is wrong with ``secret`` for this provider, or None; never shows the secret."""
+        for prefix, what in self.foreign_secrets:
+            if secret.startswith(prefix):
+                return f"starts with {prefix!r}: it looks like {what}, not the webhook signing secret"
+        return self.verifier.secret_problem(secret)
 
     def idempotency_key(self, headers: Mapping[str, str], body: bytes) -> str:
         """See :meth:`Provider.idempotency_key`."""

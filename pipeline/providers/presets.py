@@ -65,6 +65,11 @@ def stripe(*, tolerance: int = DEFAULT_TOLERANCE) -> Preset:
             tolerance=_tolerance(tolerance),
         ),
         type_source=BodyType("type"),
+        foreign_secrets=(
+            ("sk_", "a Stripe secret API key"),
+            ("rk_", "a Stripe restricted API key"),
+            ("pk_", "a Stripe publishable key"),
+        ),
     )
 
 
@@ -249,6 +254,10 @@ def paddle(*, tolerance: int = DEFAULT_TOLERANCE) -> Preset:
             tolerance=_tolerance(tolerance),
         ),
         type_source=BodyType("event_type"),
+        foreign_secrets=(
+            ("pdl_live_apikey_", "a Paddle API key"),
+            ("pdl_sdbx_apikey_", "a Paddle sandbox API key"),
+        ),
     )
 
 

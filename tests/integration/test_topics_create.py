@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from pipeline import kafka, topology
 from tests.integration.harness import write_topology
@@ -65,3 +66,84 @@ def test_topics_create_with_no_broker_fails_with_one_line(
     assert lines == [lines[0]]
     assert "cannot reach Kafka at 127.0.0.1:1" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def _create(bootstrap: str, path: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return _run_cli("topics", "create", "--bootstrap", bootstrap, "--topology", str(path), *more)
+
+
+async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """An operator's retention.ms on the input survives a rerun; max.message.bytes and the changelog's configs are restored."""
+    path = _write_topology(tmp_path, unique)
+    topo = topology.load(path)
+    assert _create(bootstrap, path).returncode == 0
+    input_topic, changelog = topo.topics.input, topo.topics.changelog
+    async with kafka.admin_client(bootstrap) as admin:
+        # by hand, with the legacy call (which also drops every key it does not name)
+        await admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    input_topic,
+                    configs={"retention.ms": "123456789", "max.message.bytes": "2000"},
+                ),
+                ConfigResource(ConfigResourceType.TOPIC, changelog, configs={"cleanup.policy": "delete"}),
+            ]
+        )
+    before = await kafka.describe_topic_configs(bootstrap, [changelog])
+    assert before[changelog]["cleanup.policy"] == "delete"
+
+    rerun = _create(bootstrap, path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "restored max.message.bytes=" in rerun.stdout
+    configs = await kafka.describe_topic_configs(bootstrap, [input_topic, changelog])
+    assert configs[input_topic]["retention.ms"] == "123456789"
+    assert configs[input_topic]["max.message.bytes"] == str(kafka.MAX_MESSAGE_BYTES)
+    assert configs[changelog]["cleanup.policy"] == "compact,delete"
+    assert int(configs[changelog]["retention.ms"]) == (3 + 1) * 86_400_000
+
+    third = _create(bootstrap, path)
+    assert third.returncode == 0, third.stderr
+    assert "updated" not in third.stdout
+    assert (await kafka.describe_topic_configs(bootstrap, [input_topic]))[input_topic][
+        "retention.ms"
+    ] == "123456789"
+
+
+async def test_a_partition_count_mismatch_exits_non_zero_pointing_to_rescale(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """Topics with fewer partitions than asked: exit 1, one line naming them and 'pipeline rescale', nothing changed."""
+    path = _write_topology(tmp_path, unique)
+    topo = topology.load(path)
+    assert _create(bootstrap, path).returncode == 0
+    result = _create(bootstrap, path, "--partitions", "3")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"{topo.topics.input} has 2" in result.stderr
+    assert "pipeline rescale --partitions 3" in result.stderr
+    async with kafka.admin_client(bootstrap) as admin:
+        described = {
+            t["topic"]: len(t["partitions"]) for t in await admin.describe_topics([topo.topics.input])
+        }
+    assert described[topo.topics.input] == 2
+
+    fewer = _create(bootstrap, path, "--partitions", "1")
+    assert fewer.returncode == 1
+    assert "set topics.partitions = 2" in fewer.stderr
+
+
+async def test_a_changelog_unlike_its_input_fails_at_topics_create(
+    bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
+) -> None:
+    """A changelog already there with another partition count is an error before the input is created."""
+    path = _write_topology(tmp_path, unique)
+    topo = topology.load(path)
+    await kafka.ensure_topics(bootstrap, [kafka.TopicSpec(topo.topics.changelog, 1)])
+    result = _create(bootstrap, path)
+    assert result.returncode == 1
+    assert f"{topo.topics.changelog} has 1" in result.stderr
+    assert "nothing was changed" in result.stderr
+    assert await kafka.partition_count(bootstrap, topo.topics.input) is None
