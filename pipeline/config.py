@@ -30,6 +30,7 @@ class WorkerSettings:
     state_dir: Path
     group: str = "webhook-dedupe"
     metrics_port: int | None = None
+    http_host: str = "127.0.0.1"  # where that port listens; 0.0.0.0 in Kubernetes (probes, Prometheus)
     commit_interval: float = 0.1  # seconds a transaction stays open at most
     max_batch: int = 2000  # a transaction commits once it holds this many input records
     restore_progress_every: float = 5.0  # seconds between restore progress lines
@@ -60,6 +61,8 @@ class WorkerSettings:
             problems.append(f"max batch must be at least 1, got {self.max_batch}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             problems.append(f"metrics port must be in [0, 65535], got {self.metrics_port}")
+        if not self.http_host.strip():
+            problems.append("the HTTP listen host is empty")
         if not 1_000 <= self.session_timeout_ms <= 300_000:
             problems.append(f"session timeout must be in [1000, 300000] ms, got {self.session_timeout_ms}")
         problems += self._operational_problems()
@@ -142,6 +145,7 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker("state_dir", "where the RocksDB stores live", default=DEFAULT_STATE_DIR),
     _worker("group", "consumer group (also part of every transactional id)"),
     _worker("metrics_port", "serve /metrics, /healthz and the key lookups on this port, or none"),
+    _worker("http_host", "the address the metrics port listens on (0.0.0.0 in a container)"),
     _worker("commit_interval", "longest a transaction stays open", ms=True),
     _worker("max_batch", "input records after which a transaction commits"),
     _worker("restore_progress_every", "seconds between two restore progress lines"),

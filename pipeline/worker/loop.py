@@ -133,7 +133,7 @@ class Worker:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
-            await web.TCPSite(runner, "0.0.0.0", port).start()  # noqa: S104  (scraped and inspected by peers)
+            await web.TCPSite(runner, self.settings.http_host, port).start()
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(f"cannot serve metrics on port {port}: {exc}") from None

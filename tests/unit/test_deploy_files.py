@@ -493,6 +493,15 @@ def test_statefulset_keeps_worker_state_on_a_volume_claim(monkeypatch: pytest.Mo
     assert pod["spec"]["securityContext"]["fsGroup"] == pod["spec"]["securityContext"]["runAsUser"]
 
 
+def test_the_worker_http_server_listens_where_it_is_probed_and_scraped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In Kubernetes and Compose the worker's HTTP server listens on every address; the default is loopback."""
+    assert _parse(["worker"], {}, monkeypatch).http_host == "127.0.0.1"
+    assert _k8s_args(_k8s("StatefulSet", "pipeline-worker"), monkeypatch).http_host == "0.0.0.0"
+    assert _compose_args("worker", monkeypatch).http_host == "0.0.0.0"
+
+
 def test_headless_service_selects_the_worker_pods(monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker Service is headless, governs the StatefulSet and selects its pods on the metrics port."""
     sts = _k8s("StatefulSet", "pipeline-worker")
