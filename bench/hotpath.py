@@ -5,7 +5,7 @@
 
 It feeds ``bench/worker_bench.py``'s workload (1-2 KB Stripe-like bodies, 30%
 duplicates) as aiokafka ``ConsumerRecord`` objects through the real
-``PartitionProcessor`` and ``PartitionCheckpoint`` of one partition, into
+``EventStage`` and ``PartitionTransaction`` of one partition, into
 aiokafka's real ``BatchBuilder`` (the records are encoded exactly as they
 would be sent) and a real RocksDB store in a temporary directory. Only the
 network is missing: the producer is a stand-in whose ``send_batch`` resolves at
@@ -38,10 +38,11 @@ from worker_bench import make_stream, source_headers, write_topology
 from pipeline.cli import tune_gc
 from pipeline.kafka import KeyPartitioner
 from pipeline.state.store import PartitionStore, bucket_width
-from pipeline.state.transaction import PartitionCheckpoint
+from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import load
 from pipeline.worker.classify import Classifier
-from pipeline.worker.event_stage import OutputTopics, PartitionProcessor
+from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.event_stage import EventStage
 
 PARTITIONS = 4
 BATCH = 2000
@@ -110,20 +111,18 @@ async def run(records: list[ConsumerRecord[bytes, bytes]], topology_path: Path, 
         (topics.input, topics.audit, topics.dlq, topics.changelog, topics.commands), PARTITIONS
     )
     partitioner = KeyPartitioner()
-    outputs = OutputTopics(counts, partitioner)
+    outputs = OutputTopics(counts, partitioner, {})
     classifier = Classifier(topology, partitioner, input_partitions=PARTITIONS)
     tp = TopicPartition(topics.input, 0)
     store = PartitionStore.open(state, bucket_ms=bucket_width(7 * 86_400_000))
     producer = StandInProducer()
-    checkpoint = PartitionCheckpoint(
+    checkpoint = PartitionTransaction(
         tp=tp, group="hotpath", producer=producer, store=store, changelog=TopicPartition(topics.changelog, 0)
     )
-    processor = PartitionProcessor(
-        tp=tp, topology=topology, classifier=classifier, checkpoint=checkpoint, outputs=outputs
-    )
+    processor = EventStage(tp=tp, topology=topology, classifier=classifier, txn=checkpoint, outputs=outputs)
     started = time.process_time()
     for start in range(0, len(records), BATCH):
-        await processor.handle(records[start : start + BATCH])
+        await processor.handle(records[start : start + BATCH], {})
         await checkpoint.commit()
     elapsed = time.process_time() - started
     store.close()

@@ -227,3 +227,36 @@ async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[s
         for _code, _message, _type, name, entries in response.resources:
             configs[name] = {entry[0]: entry[1] for entry in entries}
     return configs
+
+
+async def topic_layout(bootstrap: str, topology: Topology) -> tuple[dict[str, int], dict[str, int]]:
+    """Every topic the worker reads or writes: its partition count and its largest record.
+
+    Raises :class:`ConfigError` when a topic is missing or a changelog's
+    partition count differs from its source topic's.
+    """
+    topics = topology.topics
+    names = [topics.input, topics.audit, topics.dlq, topics.changelog, *topology.command_topics()]
+    stages = [(topics.input, topics.changelog)]
+    if topology.has_effects:
+        names += [topics.effects, topics.effects_changelog]
+        stages.append((topics.effects, topics.effects_changelog))
+    counts = {}
+    for name in names:
+        count = await partition_count(bootstrap, name)
+        if count is None:
+            raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
+        counts[name] = count
+    for source, changelog in stages:
+        if counts[changelog] != counts[source]:
+            raise ConfigError(
+                f"changelog {changelog} has {counts[changelog]} partitions but {source} "
+                f"has {counts[source]}: they must match"
+            )
+    configs = await describe_topic_configs(bootstrap, names)
+    limits = {}
+    for name in names:
+        raw = configs.get(name, {}).get("max.message.bytes")
+        limit = int(raw) if raw and raw.isdigit() else MAX_MESSAGE_BYTES
+        limits[name] = min(limit, MAX_MESSAGE_BYTES)  # the producers' own request limit
+    return counts, limits

@@ -1,19 +1,21 @@
-"""The commit order of one input partition, in one place.
+"""One partition's transaction: the only writer of its state, and the one place that owns the commit order.
 
 For a batch of records from one partition:
 
 1. each record is decided against the store *and* the batch's own staged
-   claims (:meth:`PartitionCheckpoint.lookup`, :meth:`PartitionCheckpoint.stage`);
-2. commands, changelog, audit and DLQ records are appended to the open
-   transaction (:meth:`PartitionCheckpoint.emit`);
-3. :meth:`PartitionCheckpoint.commit` sends the consumer offset into the
-   transaction and commits it;
-4. only then are the staged claims written to RocksDB, in one ``WriteBatch``
-   with the changelog offset they reflect.
+   claims (:meth:`PartitionTransaction.lookup`, :meth:`PartitionTransaction.staged`);
+2. :meth:`PartitionTransaction.stage` remembers a key's new state and appends
+   its changelog record; commands, audit, DLQ records and reroutes are
+   appended with :meth:`PartitionTransaction.emit`, each checked against its
+   topic's size limit first;
+3. :meth:`PartitionTransaction.commit`: flush → the consumer offset into the
+   transaction → commit → one RocksDB ``WriteBatch`` (entries, changelog
+   offset, stream time) → expiry of whole buckets.
 
-A crash before 3 aborts everything (the broker aborts the transaction when
-the next producer with this transactional id starts). A crash between 3 and
-4 is repaired on restart by replaying the changelog from the stored offset.
+A crash before the Kafka commit aborts everything (the broker aborts the
+transaction when the next producer with this transactional id starts). A
+crash, or a store error, after it is repaired by replaying the changelog from
+the store's offset, which never runs ahead of what the store holds.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
-from pipeline.errors import PartitionFencedError, PipelineError
+from pipeline.dead_letter import record_size
+from pipeline.errors import PartitionFencedError, PipelineError, RecordTooLargeError, StoreError
 from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore
 
@@ -44,7 +48,7 @@ class TransactionFailedError(PipelineError):
     reason = "transaction-failed"
 
 
-class PartitionCheckpoint:
+class PartitionTransaction:
     """Stages one partition's batch and commits it: Kafka transaction first, then the store."""
 
     def __init__(
@@ -55,12 +59,16 @@ class PartitionCheckpoint:
         producer: AIOKafkaProducer,
         store: PartitionStore,
         changelog: TopicPartition,
+        limits: Mapping[str, int] | None = None,
+        send_bytes: int = SEND_BYTES,
     ) -> None:
         self.tp = tp
         self.group = group
         self.producer = producer
         self.store = store
         self.changelog = changelog
+        self.limits: Mapping[str, int] = limits or {}  # topic -> largest record it takes
+        self.send_bytes = send_bytes
         self._staged: dict[bytes, Change] = {}
         self._batches: dict[tuple[str, int], Any] = {}
         self._full: list[tuple[tuple[str, int], Any]] = []
@@ -101,12 +109,23 @@ class PartitionCheckpoint:
         self.opened_at = time.monotonic()
         self.records = 0
 
-    def stage(self, key: bytes, entry: Entry, previous: Entry | None) -> bytes:
-        """Remember ``key``'s new state (it reaches the store only after the commit); returns its bytes."""
+    def stage(self, key: bytes, entry: Entry, previous: Entry | None, *, timestamp: int) -> None:
+        """Remember ``key``'s new state and append its changelog record.
+
+        The state reaches the store only after the commit; the changelog record
+        (every change, so a restored store has the counts too) travels in the
+        transaction itself.
+        """
         earlier = self._staged.get(key)
         value = entry.encode()
         self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
-        return value
+        changelog = self.changelog
+        self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=timestamp)
+
+    def fits(self, topic: str, key: bytes | None, value: bytes, headers: list[Header] | None = None) -> bool:
+        """Whether a record of this size is within ``topic``'s limit."""
+        limit = self.limits.get(topic)
+        return limit is None or record_size(key, value, headers or _NO_HEADERS) <= limit
 
     def consumed(self, offset: int, timestamp: int) -> None:
         """Mark input ``offset`` as handled in this transaction."""
@@ -126,7 +145,15 @@ class PartitionCheckpoint:
         timestamp: int,
         headers: list[Header] | None = None,
     ) -> None:
-        """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`)."""
+        """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`).
+
+        Raises :class:`RecordTooLargeError` when the record exceeds ``topic``'s limit:
+        nothing is appended then, and the caller sends something smaller instead.
+        """
+        if not self.fits(topic, key, value, headers):
+            raise RecordTooLargeError(
+                f"a record of {len(value)} bytes is larger than {topic} takes ({self.limits[topic]} bytes)"
+            )
         if headers is None:
             headers = _NO_HEADERS
         slot = (topic, partition)
@@ -140,7 +167,7 @@ class PartitionCheckpoint:
                 raise PipelineError(f"a record of {len(value)} bytes does not fit in one batch for {topic}")
 
     async def drain(self) -> None:
-        """Hand the full batches, and those past :data:`SEND_BYTES`, to the producer (in the order they filled).
+        """Hand the full batches, and those past ``send_bytes``, to the producer (in the order they filled).
 
         The producer's batches may grow to the largest record size (4 MiB), so a
         whole transaction would otherwise be sent at its commit and the commit
@@ -148,7 +175,7 @@ class PartitionCheckpoint:
         are handled.
         """
         for slot, batch in list(self._batches.items()):
-            if batch.size() >= SEND_BYTES:
+            if batch.size() >= self.send_bytes:
                 self._full.append((slot, batch))
                 del self._batches[slot]
         full, self._full = self._full, []
@@ -181,17 +208,21 @@ class PartitionCheckpoint:
             self.records >= max_records or time.monotonic() - self.opened_at >= interval
         )
 
-    async def commit(self) -> int:
-        """Commit the transaction with the consumer offset, then write the store.
+    async def commit(self) -> tuple[int, int]:
+        """Commit: flush, offsets, Kafka commit, then one ``WriteBatch`` to the store, then expiry.
 
-        Returns the number of input records committed. Raises
+        Returns (input records committed, keys expired). Raises
         :class:`PartitionFencedError` when another producer took the partition
-        (drop it, never retry) and :class:`TransactionFailedError` after
-        aborting on any other failure (redo the batch from ``first_offset``).
+        (drop it, never retry); :class:`TransactionFailedError` after aborting on
+        any other Kafka failure (redo the batch from ``first_offset``); and
+        :class:`StoreError` when the store write after a successful Kafka commit
+        failed (the store is behind the changelog: reopen and restore). Whatever
+        happens, the transaction is over when this returns or raises.
         """
         if not self.in_transaction:
-            return 0
+            return 0, 0
         if self.broken:
+            self._reset()
             raise TransactionFailedError(
                 f"{self.tp}: the producer is unusable; the partition must be reopened"
             )
@@ -206,27 +237,40 @@ class PartitionCheckpoint:
         except (KafkaError, IllegalOperation) as exc:
             await self.abort()
             raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
-        changelog_offset = None
-        if self._changelog_sent:
-            future, count = self._changelog_sent[-1]
-            changelog_offset = future.result().offset + count - 1
-        self.store.write(self._staged, changelog_offset=changelog_offset, stream_time=self.stream_time)
         committed = self.records
-        self._reset()
-        return committed
+        try:
+            changelog_offset = None
+            if self._changelog_sent:
+                future, count = self._changelog_sent[-1]
+                changelog_offset = future.result().offset + count - 1
+            self.store.write(self._staged, changelog_offset=changelog_offset, stream_time=self.stream_time)
+            expired = self.store.expire()
+        except StoreError:
+            self.broken = True  # the Kafka side is committed; only a restore brings the store level
+            raise
+        finally:
+            self._reset()
+        return committed, expired
 
     async def abort(self) -> None:
         """Abort the open transaction and forget everything staged."""
-        if self.in_transaction and not self.broken:
-            try:
+        try:
+            if self.in_transaction and not self.broken:
+                await self._flush_quietly()
                 await self.producer.abort_transaction()
-            except ProducerFenced:
-                log.info("%s: abort after fencing; nothing to abort", self.tp)
-            # aiokafka asserts on the transition when its sender died (fatal state): same remedy
-            except (KafkaError, IllegalOperation, AssertionError) as exc:
-                self.broken = True
-                log.warning("%s: abort failed (%r); the producer will be replaced", self.tp, exc)
-        self._reset()
+        except ProducerFenced:
+            log.info("%s: abort after fencing; nothing to abort", self.tp)
+        # aiokafka asserts on the transition when its sender died (fatal state): same remedy
+        except (KafkaError, IllegalOperation, AssertionError) as exc:
+            self.broken = True
+            log.warning("%s: abort failed (%r); the producer will be replaced", self.tp, exc)
+        finally:
+            self._reset()
+
+    async def _flush_quietly(self) -> None:
+        """Wait for what was sent before aborting (aiokafka refuses to abort with sends in flight)."""
+        if self._futures:
+            await asyncio.gather(*self._futures, return_exceptions=True)
 
     def _reset(self) -> None:
         for batch in [*self._batches.values(), *(b for _, b in self._full)]:

@@ -12,27 +12,27 @@ partition, one transaction per batch with the changelog, audit and offsets.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.contract import Delivery, audit_value, dlq_value, parse_json_object
+from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object
+from pipeline.errors import RecordTooLargeError
 from pipeline.state.decision import Outcome, decide
-from pipeline.state.transaction import PartitionCheckpoint
+from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import Topology
-from pipeline.worker.event_stage import (
-    COMMAND_TOPIC_HEADER,
-    EFFECT_TTL_HEADER,
-    OutputTopics,
-    handle_in_chunks,
-)
-from pipeline.worker.metrics import NullRecorder, Recorder
+from pipeline.worker.emitter import Emitter, OutputTopics
+from pipeline.worker.event_stage import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
+from pipeline.worker.metrics import NullRecorder, Recorder, Tally
+from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
 
+MAX_EFFECT_TTL_MS = 10 * 365 * 86_400_000  # ten years: anything longer is not a TTL
 
-class EffectProcessor:
+
+class EffectStage:
     """Dedupes commands of one effects-topic partition by effect key."""
 
     def __init__(
@@ -40,44 +40,86 @@ class EffectProcessor:
         *,
         tp: TopicPartition,
         topology: Topology,
-        checkpoint: PartitionCheckpoint,
+        txn: PartitionTransaction,
         outputs: OutputTopics,
         recorder: Recorder | None = None,
+        chunk_records: int = 250,
     ) -> None:
         self.tp = tp
+        self.name = f"{tp.topic}-{tp.partition}"
         self.topology = topology
-        self.checkpoint = checkpoint
+        self.txn = txn
         self.outputs = outputs
-        self.recorder: Recorder = recorder or NullRecorder()
+        self.chunk_records = chunk_records
+        self.recorder = Tally(recorder or NullRecorder())
+        self.emit = Emitter(txn, topics=topology.topics, outputs=outputs, recorder=self.recorder)
+        self._command_topics = frozenset(topology.command_topics())
+        self._poison: Mapping[int, Poison] = {}
 
-    async def handle(self, records: Sequence[Any]) -> None:
+    async def handle(self, records: Sequence[Any], poison: Mapping[int, Poison]) -> None:
         """Process effect records into the open transaction, in chunks, as the first stage does."""
-        await handle_in_chunks(self.checkpoint, records, self._chunk)
+        self._poison = poison
+        await handle_in_chunks(self.txn, records, self._chunk, chunk_records=self.chunk_records)
 
     def _chunk(self, records: Sequence[Any]) -> None:
-        ckpt = self.checkpoint
+        txn = self.txn
         deliveries = Delivery.from_records(records)
         keys = [d.key for d in deliveries if d.key]
-        known = ckpt.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
+        known = txn.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
         for delivery in deliveries:
-            self._one(delivery, known)
-            ckpt.consumed(delivery.offset, delivery.timestamp)
+            try:
+                self._one(delivery, known)
+            except Exception as exc:
+                raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
+            txn.consumed(delivery.offset, delivery.timestamp)
+        self.recorder.flush()
 
-    def _one(self, delivery: Delivery, known: dict[bytes, Any]) -> None:
-        ckpt = self.checkpoint
-        command = parse_json_object(delivery.value)
+    def _problem(self, delivery: Delivery, command: Mapping[str, Any] | None) -> tuple[str, str] | None:
+        """Why an effects-topic record cannot be handled, as (reason, error), or ``None``."""
+        poison = self._poison.get(delivery.offset)
+        if poison is not None:
+            return poison.reason, poison.error
+        problem = delivery.problem
+        if problem is not None:
+            if problem[0] == BAD_TIMESTAMP:
+                delivery.timestamp = self.txn.stream_time  # never let it move stream time (and expire keys)
+            return problem
         ttl = delivery.headers.get(EFFECT_TTL_HEADER, "")
         topic = delivery.headers.get(COMMAND_TOPIC_HEADER)
-        if not delivery.key or command is None or not ttl.isdigit() or not topic:
-            self._invalid(delivery)
+        if not delivery.key or command is None or not topic:
+            error = "an effects-topic record without key, command JSON or command topic"
+            return "bad-effect-record", error
+        if not (ttl.isascii() and ttl.isdigit() and len(ttl) <= 15 and 0 < int(ttl) <= MAX_EFFECT_TTL_MS):
+            return "bad-effect-record", f"effect TTL {ttl[:40]!r} is not a number of ms in range"
+        if topic not in self._command_topics or topic not in self.outputs.partitions:
+            return "unknown-command-topic", f"command topic {topic[:200]!r} is not one of the topology's"
+        return None
+
+    def _one(self, delivery: Delivery, known: dict[bytes, Any]) -> None:
+        txn = self.txn
+        command = parse_json_object(delivery.value)
+        problem = self._problem(delivery, command)
+        effect_key = delivery.key.decode("utf-8", "replace") if delivery.key else None
+        source = command.get("source") if command else None
+        if problem is not None or command is None or delivery.key is None:
+            reason, error = problem or ("bad-effect-record", "unreadable effect record")
+            self.emit.dlq(
+                delivery,
+                reason=reason,
+                error=error,
+                key=effect_key,
+                source=source if isinstance(source, str) else None,
+                extra={"stage": "effect"},
+            )
+            self.recorder.outcome(None, f"effect-{Outcome.INVALID.value}")
             return
         key = delivery.key
-        effect_key = key.decode("utf-8", "replace")
-        existing = ckpt.staged(key) or known.get(key)
+        topic = delivery.headers[COMMAND_TOPIC_HEADER]
+        existing = txn.staged(key) or known.get(key)
         decision = decide(
             existing,
             timestamp=delivery.timestamp,
-            ttl_ms=int(ttl),
+            ttl_ms=int(delivery.headers[EFFECT_TTL_HEADER]),
             sliding=False,
             partition=delivery.partition,
             offset=delivery.offset,
@@ -85,57 +127,54 @@ class EffectProcessor:
             topic=topic,
         )
         entry = decision.entry
-        value = ckpt.stage(key, entry, decision.previous)
-        if decision.outcome is Outcome.FIRST:
-            self.recorder.command(topic)
-            ckpt.emit(
-                topic,
-                self.outputs.partition_for(topic, key),
-                key=key,
-                value=delivery.value,
-                timestamp=delivery.timestamp,
+        first = decision.outcome is Outcome.FIRST
+        if first and not self.emit.command_fits(topic, key, delivery.value):
+            error = f"a command of {len(delivery.value)} bytes is larger than {topic} takes"
+            self.emit.dlq(
+                delivery,
+                reason=RecordTooLargeError.reason,
+                error=error,
+                key=effect_key,
+                source=str(source),
+                extra={"stage": "effect"},
             )
-        ckpt.emit(  # every state change, so a restored store has the counts too
-            ckpt.changelog.topic,
-            ckpt.changelog.partition,
-            key=key,
-            value=value,
-            timestamp=delivery.timestamp,
-        )
-        audit = self.topology.topics.audit
-        value = audit_value(
+            return
+        txn.stage(key, entry, decision.previous, timestamp=delivery.timestamp)
+        if first:
+            self.recorder.command(topic)
+            self.emit.command(topic, key, delivery.value, timestamp=delivery.timestamp)
+        received_at = command.get("received_at")
+        self.emit.audit(
+            delivery,
             key=effect_key,
             outcome=decision.outcome.value,
-            partition=delivery.partition,
-            offset=delivery.offset,
-            received_at=int(command.get("received_at") or delivery.timestamp),
             first_seen_at=entry.first_seen,
-            source=command.get("source"),
-            event_type=command.get("event_type"),
+            source=str(source) if source is not None else None,
+            event_type=_text(command.get("event_type")),
             expires_at=entry.expires_at,
-            extra={"stage": "effect", "event_key": command.get("key"), "command": command.get("command")},
-        )
-        ckpt.emit(
-            audit, self.outputs.partition_for(audit, key), key=key, value=value, timestamp=delivery.timestamp
+            extra={
+                "stage": "effect",
+                "event_key": _text(command.get("key")),
+                "command": _text(command.get("command")),
+            },
+            key_bytes=key,
+            received_at=received_at if _sane_int(received_at) else delivery.timestamp,
         )
         log.info(
             "%s effect_key=%s key=%s outcome=%s",
-            self.tp,
+            self.name,
             effect_key,
             command.get("key"),
             decision.outcome.value,
         )
-        self.recorder.outcome(command.get("source"), f"effect-{decision.outcome.value}")
+        self.recorder.outcome(str(source) if source is not None else None, f"effect-{decision.outcome.value}")
 
-    def _invalid(self, delivery: Delivery) -> None:
-        dlq = self.topology.topics.dlq
-        error = "an effects-topic record without key, command JSON, effect TTL or command topic"
-        self.checkpoint.emit(
-            dlq,
-            delivery.partition % self.outputs.partitions[dlq],
-            key=delivery.key,
-            value=dlq_value(delivery, error=error, reason="bad-effect-record"),
-            timestamp=delivery.timestamp,
-        )
-        self.recorder.dlq("bad-effect-record")
-        log.warning("%s offset=%s to the DLQ: %s", self.tp, delivery.offset, error)
+
+def _text(value: object) -> str | None:
+    """A JSON field read back as text, bounded; ``None`` when absent."""
+    return None if value is None else str(value)[:1000]
+
+
+def _sane_int(value: object) -> bool:
+    """Whether ``value`` is a JSON integer a 64-bit field holds (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62

@@ -1,21 +1,27 @@
-"""Handle one input partition's records: classify, decide, emit, inside its transaction."""
+"""The first stage: one input partition's records classified, decided and emitted into its transaction.
+
+A command is built and checked against its topic's limit before its key is
+claimed: a key is never claimed without its command.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.contract import REROUTED_FROM_HEADER, Delivery, audit_value, command_value, dlq_value
+from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
+from pipeline.errors import RecordTooLargeError
 from pipeline.state.decision import Outcome, decide, fingerprint
-from pipeline.state.transaction import PartitionCheckpoint
+from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Expiry, Route, Topology
-from pipeline.worker.classify import Accepted, Classifier, Invalid, Reroute
+from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
+from pipeline.worker.emitter import Emitter, OutputTopics
 from pipeline.worker.metrics import NullRecorder, Recorder, Tally
+from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +58,6 @@ def resolve_target(topology: Topology, route: Route | None, item: Accepted) -> T
 
 
 @dataclass(frozen=True, slots=True)
-class OutputTopics:
-    """Where records go, and each topic's partition count."""
-
-    partitions: Mapping[str, int]
-    partitioner: Callable[[bytes, int], int]
-
-    def partition_for(self, topic: str, key: bytes) -> int:
-        """The partition the default (murmur2) partitioner gives ``key`` on ``topic``."""
-        return self.partitioner(key, self.partitions[topic])
-
-
-@dataclass(frozen=True, slots=True)
 class _Rule:
     """What the decision needs from a source, computed once."""
 
@@ -73,27 +67,9 @@ class _Rule:
 
 
 ROUTE_CACHE_SIZE = 4096
-CHUNK_RECORDS = 250  # records handled between two yields to the event loop
 
 
-async def handle_in_chunks(
-    checkpoint: PartitionCheckpoint, records: Sequence[Any], chunk: Callable[[Sequence[Any]], None]
-) -> None:
-    """Open the transaction, then ``chunk`` the records :data:`CHUNK_RECORDS` at a time.
-
-    The loop gets a turn between chunks, so the producer's sender and other
-    partitions' commits (each a few broker round trips) move on while a large
-    batch is handled; full batches leave at each turn.
-    """
-    await checkpoint.begin()
-    for start in range(0, len(records), CHUNK_RECORDS):
-        if start:
-            await asyncio.sleep(0)
-        chunk(records[start : start + CHUNK_RECORDS])
-        await checkpoint.drain()
-
-
-class PartitionProcessor:
+class EventStage:
     """Turns records of one input partition into commands, audit, changelog and DLQ records."""
 
     def __init__(
@@ -102,16 +78,20 @@ class PartitionProcessor:
         tp: TopicPartition,
         topology: Topology,
         classifier: Classifier,
-        checkpoint: PartitionCheckpoint,
+        txn: PartitionTransaction,
         outputs: OutputTopics,
         recorder: Recorder | None = None,
+        chunk_records: int = 250,
     ) -> None:
         self.tp = tp
+        self.name = f"{tp.topic}-{tp.partition}"
         self.topology = topology
         self.classifier = classifier
-        self.checkpoint = checkpoint
+        self.txn = txn
         self.outputs = outputs
+        self.chunk_records = chunk_records
         self.recorder = Tally(recorder or NullRecorder())  # flushed after each chunk
+        self.emit = Emitter(txn, topics=topology.topics, outputs=outputs, recorder=self.recorder)
         self._routes: dict[tuple[str, str | None], tuple[Route | None, Target | None]] = {}
         self._rules = {
             name: _Rule(
@@ -121,26 +101,47 @@ class PartitionProcessor:
             )
             for name, source in topology.sources.items()
         }
+        self._poison: Mapping[int, Poison] = {}
 
-    async def handle(self, records: Sequence[Any]) -> None:
+    async def handle(self, records: Sequence[Any], poison: Mapping[int, Poison]) -> None:
         """Process consumer records of this partition into the open transaction."""
-        await handle_in_chunks(self.checkpoint, records, self._chunk)
+        self._poison = poison
+        await handle_in_chunks(self.txn, records, self._chunk, chunk_records=self.chunk_records)
 
     def _chunk(self, records: Sequence[Any]) -> None:
-        ckpt = self.checkpoint
+        txn = self.txn
         deliveries = Delivery.from_records(records)
-        classified = [self.classifier.classify(d) for d in deliveries]
+        classified = [self._classify(d) for d in deliveries]
         keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
-        known = ckpt.lookup(list(dict.fromkeys(keys)))
+        known = txn.lookup(list(dict.fromkeys(keys)))
         for delivery, result in zip(deliveries, classified, strict=True):
-            if isinstance(result, Accepted):
-                self._accepted(delivery, result, known)
-            elif isinstance(result, Reroute):
-                self._reroute(delivery, result)
-            else:
-                self._invalid(delivery, result)
-            ckpt.consumed(delivery.offset, delivery.timestamp)
+            try:
+                if isinstance(result, Accepted):
+                    self._accepted(delivery, result, known)
+                elif isinstance(result, Reroute):
+                    self._reroute(delivery, result)
+                else:
+                    self._invalid(delivery, result)
+            except Exception as exc:
+                raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
+            txn.consumed(delivery.offset, delivery.timestamp)
         self.recorder.flush()
+
+    def _classify(self, delivery: Delivery) -> Classified:
+        """What ``delivery`` is; poison and out-of-range headers go to the DLQ before anything else."""
+        poison = self._poison.get(delivery.offset)
+        key = delivery.key.decode("utf-8", "replace") if delivery.key else None
+        if poison is not None:
+            return Invalid(poison.reason, poison.error, key, delivery.source)
+        problem = delivery.problem
+        if problem is not None:
+            if problem[0] == BAD_TIMESTAMP:
+                delivery.timestamp = self.txn.stream_time  # never let it move stream time (and expire keys)
+            return Invalid(problem[0], problem[1], key, delivery.source)
+        try:
+            return self.classifier.classify(delivery)
+        except Exception as exc:
+            raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
 
     def _route(self, source: str, item: Accepted) -> tuple[Route | None, Target | None]:
         """The route of ``item`` and, when it does not depend on the event, its target.
@@ -161,7 +162,8 @@ class PartitionProcessor:
         return found
 
     def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
-        ckpt = self.checkpoint
+        """Decide; build the command and check it fits *before* the key is claimed; then stage and emit."""
+        txn = self.txn
         source = item.source
         route, target = self._route(source.name, item)
         if target is None:
@@ -173,7 +175,7 @@ class PartitionProcessor:
             return
         rule = self._rules[source.name]
         key_bytes = item.key_bytes
-        existing = ckpt.staged(key_bytes) or known.get(key_bytes)
+        existing = txn.staged(key_bytes) or known.get(key_bytes)
         decision = decide(
             existing,
             timestamp=delivery.timestamp,
@@ -186,14 +188,20 @@ class PartitionProcessor:
             body_hash=fingerprint(item.event, rule.volatile),
         )
         entry, outcome = decision.entry, decision.outcome
-        value = ckpt.stage(key_bytes, entry, decision.previous)
+        command = None
         if outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
-            self._command(delivery, item, target)
-        changelog = ckpt.changelog
-        # every state change, so a restored store has the counts too
-        ckpt.emit(
-            changelog.topic, changelog.partition, key=key_bytes, value=value, timestamp=delivery.timestamp
-        )
+            command = self._command(delivery, item, target)
+            if not self.emit.command_fits(*command):
+                out_topic = command[0]
+                error = f"its command of {len(command[2])} bytes is larger than {out_topic} takes"
+                self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source.name))
+                return
+        txn.stage(key_bytes, entry, decision.previous, timestamp=delivery.timestamp)
+        if command is not None:
+            out_topic, out_key, value, headers = command
+            self.emit.command(out_topic, out_key, value, timestamp=delivery.timestamp, headers=headers)
+            if target.effect_key is None:
+                self.recorder.command(out_topic)
         extra: dict[str, Any] = {}
         if outcome is Outcome.FIRST and decision.previous is not None:
             extra["previous_expired_at"] = decision.previous.expires_at
@@ -204,15 +212,15 @@ class PartitionProcessor:
         if outcome is Outcome.CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
-                self.tp,
+                self.name,
                 item.key,
                 delivery.offset,
                 entry.offset,
             )
-        self._audit(
+        self.emit.audit(
             delivery,
             key=item.key,
-            outcome=outcome,
+            outcome=outcome.value,
             first_seen_at=entry.first_seen,
             source=source.name,
             event_type=item.event_type,
@@ -220,11 +228,14 @@ class PartitionProcessor:
             extra=extra,
             key_bytes=key_bytes,
         )
-        log.debug("%s key=%s offset=%s outcome=%s", self.tp, item.key, delivery.offset, outcome)
+        log.debug("%s key=%s offset=%s outcome=%s", self.name, item.key, delivery.offset, outcome)
         self.recorder.outcome(source.name, outcome.value)
 
-    def _command(self, delivery: Delivery, item: Accepted, target: Target) -> None:
-        """Emit the command: to its topic, or to the effect stage when the route names an effect key."""
+    def _command(
+        self, delivery: Delivery, item: Accepted, target: Target
+    ) -> tuple[str, bytes, bytes, list[Header]]:
+        """The command (topic, key, value, headers): to its topic, or to the effect stage when the
+        route names an effect key."""
         command, topic = target.command or DEFAULT_COMMAND, target.topic or self.topology.topics.commands
         effect_key = target.effect_key or item.key
         value = command_value(
@@ -236,7 +247,7 @@ class PartitionProcessor:
             received_at=delivery.received_at,
             body=delivery.value,
         )
-        headers: list[tuple[str, bytes | None]] = []
+        headers: list[Header] = []
         out_topic = topic
         if target.effect_key is not None:
             out_topic = self.topology.topics.effects
@@ -244,40 +255,25 @@ class PartitionProcessor:
                 (EFFECT_TTL_HEADER, str(target.effect_ttl_ms).encode()),
                 (COMMAND_TOPIC_HEADER, topic.encode()),
             ]
-        key = effect_key.encode()
-        if target.effect_key is None:
-            self.recorder.command(topic)
-        self.checkpoint.emit(
-            out_topic,
-            self.outputs.partition_for(out_topic, key),
-            key=key,
-            value=value,
-            timestamp=delivery.timestamp,
-            headers=headers,
-        )
+        return out_topic, effect_key.encode(), value, headers
 
     def _reroute(self, delivery: Delivery, item: Reroute) -> None:
-        headers = [(n, v) for n, v in delivery.raw_headers if n.lower() != REROUTED_FROM_HEADER]
-        headers.append((REROUTED_FROM_HEADER, f"{delivery.partition}:{delivery.offset}".encode()))
-        self.checkpoint.emit(
-            self.tp.topic,
-            item.partition,
-            key=item.key.encode(),
-            value=delivery.value,
-            timestamp=delivery.timestamp,
-            headers=headers,
-        )
-        self._audit(
+        try:
+            self.emit.reroute(delivery, key=item.key, partition=item.partition)
+        except RecordTooLargeError as exc:
+            self._invalid(delivery, Invalid(exc.reason, f"its rerouted copy: {exc}", item.key, item.source))
+            return
+        self.emit.audit(
             delivery,
             key=item.key,
-            outcome=Outcome.REROUTED,
+            outcome=Outcome.REROUTED.value,
             first_seen_at=None,
             source=item.source,
             extra={"to_partition": item.partition},
         )
         log.info(
             "%s key=%s offset=%s rerouted to partition %s",
-            self.tp,
+            self.name,
             item.key,
             delivery.offset,
             item.partition,
@@ -285,66 +281,5 @@ class PartitionProcessor:
         self.recorder.outcome(item.source, Outcome.REROUTED.value)
 
     def _invalid(self, delivery: Delivery, item: Invalid) -> None:
-        dlq = self.topology.topics.dlq
-        self.checkpoint.emit(
-            dlq,
-            delivery.partition % self.outputs.partitions[dlq],
-            key=delivery.key,
-            value=dlq_value(delivery, error=item.error, reason=item.reason),
-            timestamp=delivery.timestamp,
-        )
-        self._audit(
-            delivery,
-            key=item.key,
-            outcome=Outcome.INVALID,
-            first_seen_at=None,
-            source=item.source,
-            reason=item.reason,
-        )
-        self.recorder.dlq(item.reason)
-        log.warning(
-            "%s key=%s offset=%s to the DLQ: %s (%s)",
-            self.tp,
-            item.key,
-            delivery.offset,
-            item.error,
-            item.reason,
-        )
+        self.emit.dlq(delivery, reason=item.reason, error=item.error, key=item.key, source=item.source)
         self.recorder.outcome(item.source, Outcome.INVALID.value)
-
-    def _audit(
-        self,
-        delivery: Delivery,
-        *,
-        key: str | None,
-        outcome: Outcome,
-        first_seen_at: int | None,
-        source: str | None,
-        event_type: str | None = None,
-        expires_at: int | None = None,
-        reason: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-        key_bytes: bytes | None = None,
-    ) -> None:
-        audit = self.topology.topics.audit
-        if key_bytes is None and key is not None:
-            key_bytes = key.encode()
-        partition = (
-            self.outputs.partition_for(audit, key_bytes)
-            if key_bytes is not None
-            else delivery.partition % self.outputs.partitions[audit]
-        )
-        value = audit_value(
-            key=key,
-            outcome=outcome.value,
-            partition=delivery.partition,
-            offset=delivery.offset,
-            received_at=delivery.received_at,
-            first_seen_at=first_seen_at,
-            source=source,
-            event_type=event_type,
-            expires_at=expires_at,
-            reason=reason,
-            extra=extra,
-        )
-        self.checkpoint.emit(audit, partition, key=key_bytes, value=value, timestamp=delivery.timestamp)

@@ -1,5 +1,9 @@
 """The worker's small HTTP endpoint: ``/metrics``, ``/healthz``, ``/partitions`` and ``/keys/{key}``.
 
+``/healthz`` answers 503 while an assigned partition is not served (opening,
+restoring, broken, fenced) or is stuck (work waiting and no commit for
+``stuck_after``), with each partition's state in the body.
+
 ``/keys/{key}`` answers from the seen-set of the partition that owns the key,
 when this worker owns it (for an event key, the input partition; for an
 effect key, the effects partition): that is what ``pipeline inspect`` asks.
@@ -19,10 +23,11 @@ from pipeline.state.store import PartitionStore
 # (topic, partition) -> store, for the partitions this worker owns now
 Stores = Callable[[], Mapping[tuple[str, int], PartitionStore]]
 Owner = Callable[[str, bytes], int]  # (topic, key) -> partition
+Health = Callable[[], tuple[bool, dict[str, Any]]]  # (healthy, details)
 
 
 def build_app(
-    stores: Stores, owner: Owner, topics: list[str], registry: CollectorRegistry
+    stores: Stores, owner: Owner, topics: list[str], registry: CollectorRegistry, health: Health
 ) -> web.Application:
     """The aiohttp application of a worker."""
 
@@ -31,7 +36,9 @@ def build_app(
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        """200 when every assigned partition is served and none is stuck; 503 with the reasons otherwise."""
+        healthy, detail = health()
+        return web.json_response(detail, status=200 if healthy else 503)
 
     async def partitions(_request: web.Request) -> web.Response:
         owned: dict[str, list[int]] = {}

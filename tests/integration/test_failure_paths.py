@@ -1,7 +1,7 @@
 """Real-broker reproductions of failure paths (issue 11): each test states the intended behaviour.
 
-A test the current worker fails is a strict xfail naming its issue item; the
-marker goes when the fix lands (a strict xfail that passes fails the run).
+Each failed on the worker before the partition lifecycle of issue 11 (silent
+loss, livelock, unowned partitions, someone else's store, effect-stage input).
 Every wait is bounded and every worker subprocess is stopped at the end.
 """
 
@@ -72,11 +72,6 @@ async def command_keys(env: Env) -> Counter[str]:
 # -- item 1: a bad received-at header ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 1: an out-of-range received-at header crashes the worker "
-    "(int() of 5000 digits raises, 10**20 overflows orjson after the key is staged)",
-)
 @pytest.mark.parametrize(
     "bad_values",
     [
@@ -130,11 +125,6 @@ async def test_a_bad_received_at_header_goes_to_the_dlq_and_claims_nothing(
 # -- item 2: records too large for their output topic ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 2: the DLQ record of a 3 MiB body (carried twice) exceeds the DLQ topic's "
-    "limit; the transaction is aborted and redone forever, and the partition stops",
-)
 async def test_a_3_mib_unreadable_body_is_dead_lettered_truncated_and_the_partition_moves(
     pipeline_env: MakeEnv, workers: Workers
 ) -> None:
@@ -182,11 +172,6 @@ async def _produce_largest(env: Env, event_id: str) -> bytes:
     raise AssertionError("no body near the limit fit the input topic")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 2: a command larger than the command topic accepts aborts the transaction "
-    "and it is redone forever (no too-large DLQ record, the partition stops)",
-)
 async def test_a_command_too_large_for_its_topic_is_dead_lettered_and_its_key_stays_unclaimed(
     pipeline_env: MakeEnv, workers: Workers
 ) -> None:
@@ -256,11 +241,6 @@ def unusable_state_dir(root: Path, where: str) -> tuple[Path, Path]:
     return blocker, blocker if where == "file" else blocker / "state"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 3: a state dir that cannot be created fails inside the rebalance callback; "
-    "aiokafka logs a traceback and the worker runs on with the partition never served",
-)
 @pytest.mark.parametrize("where", ["file", "under-a-file"])
 async def test_an_unusable_state_dir_ends_the_worker_with_one_readable_line(
     pipeline_env: MakeEnv, workers: Workers, tmp_path: Path, where: str
@@ -292,10 +272,6 @@ async def test_an_unusable_state_dir_ends_the_worker_with_one_readable_line(
     assert "state" in last.lower(), last
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 7: /healthz answers 200 whatever the partitions' state",
-)
 async def test_healthz_is_not_ok_while_an_assigned_partition_is_not_served(
     pipeline_env: MakeEnv, workers: Workers, tmp_path: Path
 ) -> None:
@@ -405,11 +381,6 @@ def second_pipeline(env: Env, app: str) -> Env:
     return Env(env.bootstrap, path, env.state_root, f"{app}-group")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 5: the store's path is <state-dir>/<input topic>-<partition>, so a second "
-    "pipeline on the same input and state dir reuses the first one's seen-set",
-)
 async def test_a_store_of_another_pipeline_in_the_same_state_dir_is_not_reused(
     pipeline_env: MakeEnv, workers: Workers, unique: Callable[[str], str], tmp_path: Path
 ) -> None:
@@ -471,11 +442,6 @@ def effect_record(env: Env, payment: str, *, command_topic: str | None = None) -
     return (f"fulfil-order:{payment}".encode(), value, headers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 6a: the effect stage trusts the command-topic header: an unknown topic "
-    "crashes the worker (KeyError), a topology topic (the input) receives the command",
-)
 @pytest.mark.parametrize("target", ["missing-topic", "the-input-topic"])
 async def test_an_effect_record_naming_a_foreign_command_topic_goes_to_the_dlq(
     bootstrap: str, tmp_path: Path, unique: Callable[[str], str], workers: Workers, target: str
@@ -506,10 +472,6 @@ async def test_an_effect_record_naming_a_foreign_command_topic_goes_to_the_dlq(
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 6b: an invalid effect record gets a DLQ record but no audit record",
-)
 @pytest.mark.parametrize("defect", ["no-key", "not-json"])
 async def test_an_invalid_effect_record_gets_a_dlq_record_and_an_audit_record(
     bootstrap: str, tmp_path: Path, unique: Callable[[str], str], workers: Workers, defect: str

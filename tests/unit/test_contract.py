@@ -12,16 +12,13 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pipeline.contract import (
     BAD_HEADER,
     BAD_TIMESTAMP,
-    DLQ_HEADROOM,
-    ERROR_MAX_CHARS,
     RECEIVED_AT_MAX_MS,
     RECEIVED_AT_MIN_MS,
     Delivery,
     audit_value,
     command_value,
-    dlq_value,
-    record_size,
 )
+from pipeline.dead_letter import DLQ_HEADROOM, ERROR_MAX_CHARS, dlq_value, record_size
 from pipeline.errors import InvalidHeaderError
 
 MIB = 1024 * 1024

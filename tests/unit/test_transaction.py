@@ -12,9 +12,10 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.producer.message_accumulator import BatchBuilder
 
+from pipeline.errors import RecordTooLargeError, StoreError
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
-from pipeline.state.transaction import PartitionCheckpoint, TransactionFailedError
+from pipeline.state.transaction import PartitionTransaction, TransactionFailedError
 
 HOUR = 3_600_000
 CHANGELOG = TopicPartition("changelog", 0)
@@ -69,17 +70,16 @@ def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened.close()
 
 
-def _checkpoint(producer: StandInProducer, store: PartitionStore) -> PartitionCheckpoint:
-    return PartitionCheckpoint(
+def _checkpoint(producer: StandInProducer, store: PartitionStore) -> PartitionTransaction:
+    return PartitionTransaction(
         tp=TopicPartition("raw", 0), group="g", producer=producer, store=store, changelog=CHANGELOG
     )
 
 
-def _stage_one(ckpt: PartitionCheckpoint) -> Entry:
+def _stage_one(ckpt: PartitionTransaction) -> Entry:
     entry = Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41)
-    value = ckpt.stage(b"k", entry, None)
+    ckpt.stage(b"k", entry, None, timestamp=1)
     ckpt.emit("commands", 2, key=b"k", value=b"{}", timestamp=1, headers=[("h", b"v"), ("empty", None)])
-    ckpt.emit(CHANGELOG.topic, CHANGELOG.partition, key=b"k", value=value, timestamp=1)
     ckpt.consumed(41, 1)
     return entry
 
@@ -90,7 +90,7 @@ async def test_records_with_and_without_headers_are_sent_in_one_transaction(stor
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
-    assert await ckpt.commit() == 1
+    assert await ckpt.commit() == (1, 0)
     assert sorted(producer.sent) == [("changelog", 0, 1), ("commands", 2, 1)]
     assert producer.calls == ["begin", "offsets g 42", "commit"]
 
@@ -119,4 +119,58 @@ async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: Part
     assert producer.calls[-1] == "abort"
     assert store.get_many([b"k"]) == {}
     assert ckpt.lookup([b"k"]) == {}
+    assert store.changelog_offset == -1
+
+
+async def test_staging_a_key_emits_its_changelog_record(store: PartitionStore) -> None:
+    """The transaction is the only writer of state: staging a key appends its changelog record itself."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    ckpt.stage(b"k", Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41), None, timestamp=1)
+    ckpt.consumed(41, 1)
+    await ckpt.commit()
+    assert producer.sent == [("changelog", 0, 1)]
+
+
+async def test_a_record_larger_than_its_topic_takes_is_refused_before_it_is_appended(
+    store: PartitionStore,
+) -> None:
+    """emit() checks the topic's limit first: nothing is appended, and the caller sends something smaller."""
+    producer = StandInProducer(store)
+    ckpt = PartitionTransaction(
+        tp=TopicPartition("raw", 0),
+        group="g",
+        producer=producer,
+        store=store,
+        changelog=CHANGELOG,
+        limits={"commands": 4096},
+    )
+    await ckpt.begin()
+    assert ckpt.fits("commands", b"k", b"x" * 100)
+    with pytest.raises(RecordTooLargeError):
+        ckpt.emit("commands", 0, key=b"k", value=b"x" * 5000, timestamp=1)
+    ckpt.consumed(1, 1)
+    await ckpt.commit()
+    assert producer.sent == []
+
+
+async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_marks_it_broken(
+    store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka committed but RocksDB refused: StoreError, no open transaction left, and the partition must reopen."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    _stage_one(ckpt)
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(store, "write", refuse)
+    with pytest.raises(StoreError):
+        await ckpt.commit()
+    assert producer.calls[-1] == "commit"
+    assert not ckpt.in_transaction
+    assert ckpt.broken
     assert store.changelog_offset == -1

@@ -1,0 +1,88 @@
+"""Which records of a partition go to the DLQ without being handled again, and how they are found.
+
+Two ways a record becomes poison:
+
+- handling it raised (:class:`~pipeline.worker.stage.HandlerFailedError` names it);
+- the broker refuses the transaction's outputs with a non-retriable error, and
+  the same failure repeats from the same offset: the transaction is *bisected*
+  (each redo holds half as many records) until the record that fails is alone,
+  and that one is poison (``unproducible``).
+
+Retriable failures (broker down, timeouts) are simply redone: they never
+bisect and never make poison.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+
+from pipeline.worker.stage import Poison
+
+log = logging.getLogger(__name__)
+
+UNPRODUCIBLE = "unproducible"
+
+# What the broker refuses because of what a record is, not because of how it is: redoing the
+# same records fails the same way, so these (and only these) bisect a transaction.
+RECORD_ERRORS = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+    InvalidTopicError,
+)
+
+
+class PoisonTracker:
+    """One partition's poison records and its bisection state."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.poison: dict[int, Poison] = {}
+        self.limit: int | None = None  # bisecting: the most records one transaction may hold
+        self._failed_at: tuple[int, str] | None = None  # (first offset, error) of the last failed commit
+        self._until = 0  # the end of the batch being bisected
+
+    def handler_failed(self, offset: int, reason: str, error: str) -> bool:
+        """Mark ``offset`` as poison; ``False`` when it already was (even its DLQ record failed)."""
+        if offset in self.poison:
+            return False
+        self.poison[offset] = Poison(reason, error)
+        return True
+
+    def commit_failed(self, start: int, count: int, cause: BaseException) -> None:
+        """A non-retriable commit failure of ``count`` records from ``start``: redo, bisect, or poison."""
+        what = type(cause).__name__
+        if self.limit is None and self._failed_at != (start, what):
+            self._failed_at = (start, what)  # once may be chance: redo the same batch
+            return
+        if count <= 1:
+            log.warning(
+                "%s: offset %s alone fails to commit (%r); it goes to the DLQ", self.name, start, cause
+            )
+            self.poison[start] = Poison(UNPRODUCIBLE, f"the broker refused its outputs: {cause!r}"[:1000])
+            self.limit, self._failed_at = None, None
+            return
+        if self.limit is None:
+            self._until = start + count
+        self.limit = max(1, count // 2)
+
+    def committed(self, end: int | None) -> None:
+        """A commit up to ``end`` (exclusive) succeeded: forget what lies behind it."""
+        self._failed_at = None
+        if end is None:
+            return
+        if self.limit is not None and end >= self._until:
+            self.limit = None  # past the batch that failed: back to full transactions
+        for offset in [o for o in self.poison if o < end]:
+            del self.poison[offset]

@@ -1,0 +1,520 @@
+"""Stand-ins for the Kafka clients around a partition and the worker loop: no broker, no network.
+
+- :class:`FakeProducer`: a transactional producer built on aiokafka's real
+  ``BatchBuilder``; it decodes every batch it is sent, keeps what each
+  transaction holds, what was committed and what was aborted, answers sends
+  with futures carrying log offsets, and fails on demand (``fail[...]`` for
+  the next calls, ``fail_send_if`` / ``fail_commit_if`` for what a batch or a
+  transaction holds). It also notes protocol misuse in ``violations``.
+- :class:`FakeConsumer`: the group consumer the loop drives (assignment,
+  pause, resume, seek, committed offsets, getmany over per-partition logs);
+  the first poll hands the assignment to the rebalance listener, as the real
+  consumer does from inside a poll.
+- :class:`Clients`: installs both, and a restore that applies nothing (or
+  waits at a gate), in place of the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import ConsumerRecord
+
+from pipeline import topology as topology_module
+from pipeline.config import WorkerSettings
+from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.kafka import admin as admin_module
+from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
+from pipeline.worker import loop as loop_module
+from pipeline.worker import partition as partition_module
+from pipeline.worker.classify import Classifier
+from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.partition import Partition
+
+ROOT = Path(__file__).resolve().parents[3]
+TOPOLOGY_PATH = ROOT / "topologies" / "default.toml"
+TOPOLOGY = topology_module.load(TOPOLOGY_PATH)
+TOPICS = TOPOLOGY.topics
+PARTITIONS = 6  # every topic's partition count
+MIB = 1024 * 1024
+T0 = 1_700_000_000_000  # record timestamps (ms): stream time, far from any expiry
+SOURCE = "stripe"  # verified at the ingress: the worker checks no signature
+
+
+INPUT = TOPICS.input
+
+
+def tp(partition: int = 0) -> TopicPartition:
+    """An input partition."""
+    return TopicPartition(INPUT, partition)
+
+
+def keys_for(partition: int, count: int, *, start: int = 0) -> list[str]:
+    """``count`` scoped Stripe keys that murmur2 places on input ``partition`` (so none is rerouted)."""
+    found: list[str] = []
+    i = start
+    while len(found) < count:
+        key = f"{SOURCE}:evt_{i}"
+        if owner_partition(key.encode(), PARTITIONS) == partition:
+            found.append(key)
+        i += 1
+    return found
+
+
+def body(key: str, *, pad: int = 0) -> bytes:
+    """A Stripe event body for ``key`` (``pad`` bytes of filler make it bigger)."""
+    event: dict[str, Any] = {"id": key.split(":", 1)[1], "type": "charge.succeeded", "object": "event"}
+    if pad:
+        event["data"] = "x" * pad
+    return orjson.dumps(event)
+
+
+def record(
+    offset: int,
+    key: str | None,
+    *,
+    partition: int = 0,
+    value: bytes | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
+    timestamp: int | None = None,
+    topic: str | None = None,
+) -> ConsumerRecord[bytes, bytes]:
+    """An input record as the ingress writes it: ``source`` and ``received-at`` headers, the raw body."""
+    ts = T0 + offset if timestamp is None else timestamp
+    if headers is None:
+        headers = [(SOURCE_HEADER, SOURCE.encode()), (RECEIVED_AT_HEADER, str(ts).encode())]
+    if value is None:
+        value = body(key) if key else b"{}"
+    encoded = key.encode() if key is not None else None
+    return ConsumerRecord(
+        topic=topic or INPUT,
+        partition=partition,
+        offset=offset,
+        timestamp=ts,
+        timestamp_type=0,
+        key=encoded,
+        value=value,
+        checksum=None,
+        serialized_key_size=len(encoded) if encoded else -1,
+        serialized_value_size=len(value),
+        headers=headers,
+    )
+
+
+def records(partition: int, first: int, keys: Iterable[str]) -> list[ConsumerRecord[bytes, bytes]]:
+    """One record per key, at consecutive offsets from ``first``."""
+    return [record(first + i, key, partition=partition) for i, key in enumerate(keys)]
+
+
+def settings(state_dir: Path, **overrides: Any) -> WorkerSettings:
+    """Worker settings with a short open timeout and no broker anywhere."""
+    values: dict[str, Any] = {
+        "bootstrap": "x",
+        "topology": TOPOLOGY_PATH,
+        "state_dir": state_dir,
+        "open_timeout": 1.0,
+    }
+    values.update(overrides)
+    return WorkerSettings(**values)
+
+
+def outputs(limits: dict[str, int] | None = None) -> OutputTopics:
+    """Every topic with :data:`PARTITIONS` partitions, murmur2, and 4 MiB limits unless given."""
+    names = [
+        TOPICS.input,
+        TOPICS.commands,
+        TOPICS.audit,
+        TOPICS.dlq,
+        TOPICS.changelog,
+        TOPICS.effects,
+        TOPICS.effects_changelog,
+        *TOPOLOGY.command_topics(),
+    ]
+    all_limits = dict.fromkeys(names, 4 * MIB)
+    all_limits.update(limits or {})
+    return OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), all_limits)
+
+
+def classifier() -> Classifier:
+    """The default topology's classifier over :data:`PARTITIONS` input partitions."""
+    return Classifier(TOPOLOGY, KeyPartitioner(), input_partitions=PARTITIONS, environ={})
+
+
+# -- the producer ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One record the producer was sent, decoded from the batch it travelled in."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int
+
+    def json(self) -> dict[str, Any]:
+        """The value as JSON (commands, audit and DLQ records)."""
+        parsed: dict[str, Any] = orjson.loads(self.value)
+        return parsed
+
+
+class _Metadata:
+    """What a send's future resolves to: the base offset of its batch."""
+
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+Failure = Callable[[list[Sent]], BaseException | None]
+
+
+class FakeProducer:
+    """A transactional producer without a broker (see the module docstring)."""
+
+    def __init__(self, transactional_id: str = "fake") -> None:
+        self.transactional_id = transactional_id
+        self.calls: list[str] = []
+        self.fail: dict[str, list[BaseException]] = defaultdict(list)  # call -> errors for its next calls
+        self.fail_send_if: Failure | None = None  # given the batch's records
+        self.fail_commit_if: Failure | None = None  # given the transaction's records
+        self.on_commit: Callable[[], None] | None = None  # runs as commit_transaction starts
+        self.in_transaction = False
+        self.pending: list[Sent] = []  # sent in the open transaction
+        self.committed: list[Sent] = []
+        self.aborted: list[Sent] = []
+        self.offsets: list[tuple[TopicPartition, int, str]] = []  # committed consumer offsets
+        self.violations: list[str] = []
+        self.started = False
+        self.stopped = False
+        self._pending_offsets: list[tuple[TopicPartition, int, str]] = []
+        self._log_end: dict[tuple[str, int], int] = defaultdict(int)
+
+    def _maybe_fail(self, call: str) -> None:
+        queued = self.fail.get(call)
+        if queued:
+            raise queued.pop(0)
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        self._maybe_fail("start")
+        self.started = True
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+        self.stopped = True
+
+    def create_batch(self) -> BatchBuilder:
+        return BatchBuilder(MIB, 0, is_transactional=True, key_serializer=None, value_serializer=None)
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+        self._maybe_fail("begin")
+        if self.in_transaction:
+            self.violations.append("begin while a transaction is open")
+        self.in_transaction = True
+
+    async def send_batch(self, batch: BatchBuilder, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        if not self.in_transaction:
+            self.violations.append(f"send to {topic}-{partition} outside a transaction")
+        batch.close()
+        buffer = bytes(batch._builder.build())  # the encoding a real send does
+        base = self._log_end[(topic, partition)]
+        decoded = MemoryRecords(buffer).next_batch()
+        sent = [
+            Sent(
+                topic,
+                partition,
+                base + i,
+                r.key,
+                r.value,
+                tuple((name, value) for name, value in r.headers),
+                r.timestamp,
+            )
+            for i, r in enumerate(decoded or [])
+        ]
+        self.calls.append(f"send {topic}-{partition} {len(sent)}")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        error: BaseException | None = None
+        queued = self.fail.get("send")
+        if queued:
+            error = queued.pop(0)
+        elif self.fail_send_if is not None:
+            error = self.fail_send_if(sent)
+        if error is not None:
+            future.set_exception(error)
+            return future
+        self._log_end[(topic, partition)] = base + len(sent)
+        self.pending.extend(sent)
+        future.set_result(_Metadata(topic, partition, base))
+        return future
+
+    async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group: str) -> None:
+        self.calls.append("offsets " + " ".join(f"{t.topic}-{t.partition}:{o}" for t, o in offsets.items()))
+        self._maybe_fail("offsets")
+        self._pending_offsets.extend((t, o, group) for t, o in offsets.items())
+
+    async def commit_transaction(self) -> None:
+        if self.on_commit is not None:
+            self.on_commit()
+        self.calls.append("commit")
+        self._maybe_fail("commit")
+        if self.fail_commit_if is not None:
+            error = self.fail_commit_if(self.pending)
+            if error is not None:
+                raise error
+        if not self.in_transaction:
+            self.violations.append("commit without a transaction")
+        self.committed.extend(self.pending)
+        self.offsets.extend(self._pending_offsets)
+        self._end()
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+        self._maybe_fail("abort")
+        if not self.in_transaction:
+            self.violations.append("abort without a transaction")
+        self.aborted.extend(self.pending)
+        self._end()
+
+    def _end(self) -> None:
+        self.pending = []
+        self._pending_offsets = []
+        self.in_transaction = False
+
+    # -- what it saw ---------------------------------------------------------------
+    def committed_to(self, topic: str) -> list[Sent]:
+        """The committed records of ``topic``, in the order they were sent."""
+        return [s for s in self.committed if s.topic == topic]
+
+    def committed_keys(self, topic: str) -> list[bytes | None]:
+        """The keys of the committed records of ``topic``."""
+        return [s.key for s in self.committed_to(topic)]
+
+    def dlq(self) -> list[dict[str, Any]]:
+        """The committed DLQ records, as JSON."""
+        return [s.json() for s in self.committed_to(TOPICS.dlq)]
+
+    def committed_offset(self) -> int | None:
+        """The last consumer offset committed in a transaction."""
+        return self.offsets[-1][1] if self.offsets else None
+
+
+class ProducerFactory:
+    """Stands in for ``transactional_producer``: one :class:`FakeProducer` per transactional id."""
+
+    def __init__(self, prepare: Callable[[FakeProducer], None] | None = None) -> None:
+        self.made: dict[str, list[FakeProducer]] = defaultdict(list)
+        self.prepare = prepare
+
+    def __call__(self, settings: WorkerSettings, transactional_id: str) -> FakeProducer:
+        producer = FakeProducer(transactional_id)
+        if self.prepare is not None:
+            self.prepare(producer)
+        self.made[transactional_id].append(producer)
+        return producer
+
+    def of(self, partition: int, topic: str = INPUT) -> FakeProducer:
+        """The latest producer made for input ``partition``."""
+        for txn_id, producers in self.made.items():
+            if txn_id.endswith(f"-{topic}-{partition}"):
+                return producers[-1]
+        raise KeyError(f"no producer for {topic}-{partition}")
+
+
+class Restore:
+    """Stands in for the changelog restore: applies nothing; with ``gate``, waits for it first."""
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
+        self.gate = gate
+        self.entered: list[TopicPartition] = []
+
+    async def __call__(self, store: Any, changelog: TopicPartition, **_: Any) -> int:
+        self.entered.append(changelog)
+        if self.gate is not None:
+            await self.gate.wait()
+        return 0
+
+
+# -- the consumer ------------------------------------------------------------------------
+
+
+class FakeConsumer:
+    """The worker's group consumer over in-memory logs (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        assign: Iterable[TopicPartition] = (),
+        committed: dict[TopicPartition, int] | None = None,
+        logs: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] | None = None,
+    ) -> None:
+        self.to_assign = set(assign)
+        self.assigned: set[TopicPartition] = set()
+        self.committed_offsets = dict(committed or {})
+        self.logs = defaultdict(list, logs or {})
+        self.positions: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
+        self.seeks: list[tuple[TopicPartition, int | str]] = []
+        self.events: list[tuple[str, TopicPartition]] = []  # pause, resume, seek, in order
+        self.listener: Any = None
+        self.topics: list[str] = []
+        self.polls = 0
+        self.on_poll: Callable[[int], Any] | None = None  # called with the poll number; may raise or stop
+        self.started = False
+        self.stopped = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def subscribe(self, topics: list[str], listener: Any = None) -> None:
+        self.topics = list(topics)
+        self.listener = listener
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        for p in partitions:
+            self.paused.add(p)
+            self.events.append(("pause", p))
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for p in partitions:
+            self.paused.discard(p)
+            self.events.append(("resume", p))
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self.positions[partition] = offset
+        self.seeks.append((partition, offset))
+        self.events.append(("seek", partition))
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        for p in partitions:
+            log = self.logs[p]
+            self.positions[p] = log[0].offset if log else 0
+            self.seeks.append((p, "beginning"))
+            self.events.append(("seek", p))
+
+    async def position(self, partition: TopicPartition) -> int:
+        return self.positions[partition]
+
+    async def committed(self, partition: TopicPartition) -> int | None:
+        return self.committed_offsets.get(partition)
+
+    def highwater(self, partition: TopicPartition) -> int:
+        log = self.logs[partition]
+        return log[-1].offset + 1 if log else 0
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        self.polls += 1
+        if self.on_poll is not None:
+            outcome = self.on_poll(self.polls)
+            if inspect.isawaitable(outcome):
+                await outcome
+        if self.to_assign:
+            fresh, self.to_assign = self.to_assign, set()
+            self.assigned |= fresh
+            if self.listener is not None:
+                await self.listener.on_partitions_assigned(fresh)
+        batches = {}
+        for p in sorted(self.assigned - self.paused, key=lambda t: t.partition):
+            position = self.positions.get(p)
+            if position is None:  # no position yet: the committed offset, else the beginning
+                position = self.committed_offsets.get(p, 0)
+            fetched = [r for r in self.logs[p] if r.offset >= position][: max_records or None]
+            if fetched:
+                batches[p] = fetched
+                self.positions[p] = fetched[-1].offset + 1
+        await asyncio.sleep(0 if batches else min(timeout_ms, 10) / 1000)
+        return batches
+
+
+# -- installing them ---------------------------------------------------------------------
+
+
+@dataclass
+class Clients:
+    """The fakes in place of the real clients, for one test."""
+
+    producers: ProducerFactory
+    restore: Restore
+    consumer: FakeConsumer = field(default_factory=FakeConsumer)
+
+
+def install(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    producers: ProducerFactory | None = None,
+    restore: Restore | None = None,
+    consumer: FakeConsumer | None = None,
+    limits: dict[str, str] | None = None,
+) -> Clients:
+    """Replace the producer, restore, consumer and admin calls of the partition and loop modules."""
+    clients = Clients(producers or ProducerFactory(), restore or Restore(), consumer or FakeConsumer())
+    monkeypatch.setattr(partition_module, "transactional_producer", clients.producers)
+    monkeypatch.setattr(partition_module, "restore", clients.restore)
+    monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings: clients.consumer)
+
+    async def partition_count(_bootstrap: str, _topic: str) -> int:
+        return PARTITIONS
+
+    async def describe_topic_configs(_bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
+        return {name: {"max.message.bytes": limits[name]} for name in names if limits and name in limits}
+
+    for module in (admin_module, loop_module):  # the loop may import them, or call them through admin
+        monkeypatch.setattr(module, "partition_count", partition_count, raising=False)
+        monkeypatch.setattr(module, "describe_topic_configs", describe_topic_configs, raising=False)
+    return clients
+
+
+@dataclass
+class Harness:
+    """One partition over a fake producer, with the seeks it asked for."""
+
+    part: Partition
+    producer: FakeProducer
+    seeks: list[tuple[TopicPartition, int]]
+
+
+def make_partition(
+    state_dir: Path,
+    *,
+    partition: int = 0,
+    limits: dict[str, int] | None = None,
+    seeks: list[tuple[TopicPartition, int]] | None = None,
+    **overrides: Any,
+) -> Partition:
+    """A :class:`Partition` of the default topology's input topic (not opened)."""
+    seen = seeks if seeks is not None else []
+    return Partition(
+        tp(partition),
+        changelog=TopicPartition(TOPICS.changelog, partition),
+        settings=settings(state_dir, **overrides),
+        topology=TOPOLOGY,
+        classifier=classifier(),
+        outputs=outputs(limits),
+        metrics=WorkerMetrics.create(),
+        seek=lambda where, offset: seen.append((where, offset)),
+    )

@@ -1,0 +1,87 @@
+"""The partition lifecycle: the transition table is the whole truth, and nothing else moves a partition."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipeline.errors import IllegalTransitionError
+from pipeline.worker.lifecycle import SERVING, TRANSITIONS, Lifecycle, PartitionState
+
+S = PartitionState
+EDGES = [(a, b) for a in S for b in sorted(TRANSITIONS[a])]
+NON_EDGES = [(a, b) for a, b in itertools.product(S, S) if b not in TRANSITIONS[a]]
+
+
+def _at(state: PartitionState) -> Lifecycle:
+    """A lifecycle in ``state`` (set directly: reaching it is what the other tests check)."""
+    life = Lifecycle("raw-0")
+    life.state = state
+    return life
+
+
+def test_a_partition_starts_opening() -> None:
+    """A new lifecycle is OPENING, not serving and not closed."""
+    life = Lifecycle("raw-0")
+    assert life.state is S.OPENING
+    assert not life.serving
+    assert not life.closed
+
+
+def test_the_table_names_every_state() -> None:
+    """Every state has a row, and every target is a state: the table has no holes."""
+    assert set(TRANSITIONS) == set(S)
+    assert all(targets <= set(S) for targets in TRANSITIONS.values())
+
+
+@pytest.mark.parametrize(("source", "target"), EDGES, ids=[f"{a}->{b}" for a, b in EDGES])
+def test_every_edge_of_the_table_is_allowed(source: PartitionState, target: PartitionState) -> None:
+    """Each transition the table lists moves the partition to its target."""
+    life = _at(source)
+    life.move(target)
+    assert life.state is target
+
+
+@pytest.mark.parametrize(("source", "target"), NON_EDGES, ids=[f"{a}->{b}" for a, b in NON_EDGES])
+def test_every_other_transition_raises_and_leaves_the_state(
+    source: PartitionState, target: PartitionState
+) -> None:
+    """A transition the table lacks (self-loops included) raises IllegalTransitionError and changes nothing."""
+    life = _at(source)
+    with pytest.raises(IllegalTransitionError, match=f"from {source} to {target}"):
+        life.move(target)
+    assert life.state is source
+
+
+def test_every_state_but_closed_may_close_and_closed_is_final() -> None:
+    """CLOSED is reachable from every other state (revoked, stopping, gave up) and leads nowhere."""
+    assert all(S.CLOSED in TRANSITIONS[s] for s in S if s is not S.CLOSED)
+    assert TRANSITIONS[S.CLOSED] == frozenset()
+
+
+def test_broken_and_fenced_only_close() -> None:
+    """A BROKEN or FENCED partition never serves again in place: it can only close."""
+    assert TRANSITIONS[S.BROKEN] == {S.CLOSED}
+    assert TRANSITIONS[S.FENCED] == {S.CLOSED}
+
+
+def test_the_happy_path_opens_restores_serves_and_commits() -> None:
+    """OPENING → RESTORING → READY ⇄ COMMITTING → CLOSED is a legal life."""
+    life = Lifecycle("raw-0")
+    for target in (S.RESTORING, S.READY, S.COMMITTING, S.READY, S.COMMITTING, S.READY, S.CLOSED):
+        life.move(target)
+    assert life.closed
+
+
+@pytest.mark.parametrize("state", list(S), ids=str)
+def test_serving_is_true_only_when_ready_or_committing(state: PartitionState) -> None:
+    """``serving`` holds in READY and COMMITTING and in no other state; ``closed`` only in CLOSED."""
+    life = _at(state)
+    assert life.serving is (state in {S.READY, S.COMMITTING})
+    assert life.closed is (state is S.CLOSED)
+
+
+def test_the_serving_set_is_ready_and_committing() -> None:
+    """SERVING, which the loop and /healthz read, names exactly READY and COMMITTING."""
+    assert frozenset({S.READY, S.COMMITTING}) == SERVING

@@ -1,0 +1,310 @@
+"""The worker loop over a stand-in consumer and producers: assignment, positioning, health and shutdown.
+
+The consumer (:class:`FakeConsumer`) hands its assignment to the worker's
+rebalance listener from inside the first poll, as aiokafka's does; partitions
+open for real (RocksDB in tmp_path) over fake transactional producers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from pipeline import cli
+from pipeline.errors import PartitionUnservedError
+from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.worker.lifecycle import PartitionState
+from pipeline.worker.loop import Worker
+from pipeline.worker.opening import store_path
+
+from .fakes import (
+    INPUT,
+    TOPICS,
+    TOPOLOGY,
+    TOPOLOGY_PATH,
+    Clients,
+    FakeConsumer,
+    ProducerFactory,
+    Restore,
+    install,
+    keys_for,
+    records,
+    settings,
+    tp,
+)
+
+S = PartitionState
+GROUP = "webhook-dedupe"
+TP0, TP1, TP2 = tp(0), tp(1), tp(2)
+BUCKET_MS = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
+
+
+async def eventually(condition: Callable[[], bool], *, timeout: float = 3.0, what: str = "") -> None:
+    """Wait until ``condition()`` holds; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await asyncio.sleep(0.005)
+
+
+def _logs(count: int = 3, first: int = 0) -> dict[TopicPartition, list[Any]]:
+    """``count`` records with new keys on each of input partitions 0, 1 and 2, from offset ``first``."""
+    return {tp(p): records(p, first, keys_for(p, count)) for p in (0, 1, 2)}
+
+
+def _conflicting_store(state_dir: Path, partition: TopicPartition) -> None:
+    """Put a store that belongs to another partition where ``partition``'s store goes."""
+    other = StoreIdentity(TOPOLOGY.app, GROUP, INPUT, partition.partition + 1, TOPICS.changelog)
+    path = store_path(state_dir, TOPOLOGY, GROUP, partition)
+    PartitionStore.open(path, bucket_ms=BUCKET_MS, identity=other).close()
+
+
+class Running:
+    """A started worker over fakes, and its ``run()`` as a task."""
+
+    def __init__(self, worker: Worker, clients: Clients) -> None:
+        self.worker = worker
+        self.clients = clients
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def consumer(self) -> FakeConsumer:
+        return self.clients.consumer
+
+    def states(self) -> dict[int, PartitionState]:
+        return {t.partition: p.state for t, p in self.worker._partitions.items()}
+
+    def run(self) -> asyncio.Task[None]:
+        self.task = asyncio.create_task(self.worker.run())
+        return self.task
+
+    async def stop(self) -> None:
+        """A clean stop (SIGTERM): run() returns."""
+        self.worker.stop()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 5)
+
+
+Starter = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Starter]:
+    """Start a Worker over a FakeConsumer (``assign``, ``committed``, ``logs``) and fake producers."""
+    started: list[Running] = []
+
+    async def start(
+        *,
+        assign: set[TopicPartition],
+        committed: dict[TopicPartition, int] | None = None,
+        logs: dict[TopicPartition, list[Any]] | None = None,
+        restore: Restore | None = None,
+        **overrides: Any,
+    ) -> Running:
+        consumer = FakeConsumer(assign=assign, committed=committed, logs=logs)
+        clients = install(monkeypatch, producers=ProducerFactory(), restore=restore, consumer=consumer)
+        values = {"commit_interval": 60.0, "open_timeout": 5.0, **overrides}
+        worker = Worker(settings(tmp_path, **values), TOPOLOGY)
+        await worker.start()
+        running = Running(worker, clients)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:  # whatever a test left running is stopped (and its task awaited)
+        running.worker.stop()
+        if running.task is not None:
+            await asyncio.gather(running.task, return_exceptions=True)
+        elif running.worker._consumer is not None:
+            await running.worker.run()
+
+
+async def test_the_worker_subscribes_to_the_input_topic_at_start(start_worker: Starter) -> None:
+    """start() joins the group on the input topic with the worker's rebalance listener; nothing is assigned yet."""
+    w = await start_worker(assign=set())
+    assert w.consumer.started
+    assert w.consumer.topics == [INPUT]
+    assert w.consumer.listener is not None
+    assert w.worker.health()[0]  # nothing assigned, nothing unserved
+
+
+async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committed_and_resume(
+    start_worker: Starter,
+) -> None:
+    """Three partitions restore at once; each stays paused until READY, then moves to its committed offset (or the beginning) and resumes."""
+    gate = asyncio.Event()
+    restore = Restore(gate)
+    w = await start_worker(
+        assign={TP0, TP1, TP2},
+        committed={TP0: 1, TP2: 2},
+        logs=_logs(3),
+        restore=restore,
+    )
+    w.run()
+    await eventually(lambda: len(restore.entered) == 3, what="all three partitions restoring")
+    assert w.states() == {0: S.RESTORING, 1: S.RESTORING, 2: S.RESTORING}  # none waited for another
+    assert {TP0, TP1, TP2} <= w.consumer.paused
+    assert w.consumer.seeks == []
+    assert w.clients.producers.of(0).calls == ["start"]  # no record handled before READY
+
+    gate.set()
+    await eventually(lambda: not w.consumer.paused, what="all three partitions resumed")
+    assert w.states() == {0: S.READY, 1: S.READY, 2: S.READY}
+    assert sorted(w.consumer.seeks, key=lambda s: s[0].partition) == [
+        (TP0, 1),
+        (TP1, "beginning"),
+        (TP2, 2),
+    ]
+    for p in (TP0, TP1, TP2):  # positioned before resumed
+        mine = [event for event, where in w.consumer.events if where == p]
+        assert mine.index("seek") < len(mine) - 1 - mine[::-1].index("resume")
+        assert mine[-1] == "resume"
+
+    await eventually(
+        lambda: all(pt.queue == [] and pt.txn and pt.txn.records for pt in w.worker._partitions.values())
+    )
+    await w.stop()
+    audit = {
+        p: sorted(s.json()["offset"] for s in w.clients.producers.of(p).committed_to(TOPICS.audit))
+        for p in (0, 1, 2)
+    }
+    assert audit == {0: [1, 2], 1: [0, 1, 2], 2: [2]}  # from the committed offset on, nothing earlier
+
+
+async def test_health_is_unhealthy_while_an_assigned_partition_is_unserved_and_healthy_once_all_are_ready(
+    start_worker: Starter,
+) -> None:
+    """/healthz: an assigned partition still opening or restoring makes the worker unhealthy; all READY makes it healthy."""
+    gate = asyncio.Event()
+    restore = Restore(gate)
+    w = await start_worker(assign={TP0, TP1}, restore=restore)
+    w.run()
+    await eventually(lambda: len(restore.entered) == 2)
+    healthy, detail = w.worker.health()
+    assert not healthy
+    assert detail["status"] == "unhealthy"
+    assert detail["partitions"] == {f"{INPUT}-0": "restoring", f"{INPUT}-1": "restoring"}
+    assert len(detail["problems"]) == 2
+
+    gate.set()
+    await eventually(lambda: set(w.states().values()) == {S.READY})
+    healthy, detail = w.worker.health()
+    assert healthy
+    assert detail == {"status": "ok", "partitions": {f"{INPUT}-0": "ready", f"{INPUT}-1": "ready"}}
+    await w.stop()
+    assert w.worker.health() == (False, {"status": "stopped"})
+
+
+async def test_a_partition_that_cannot_open_makes_run_raise_partition_unserved(
+    start_worker: Starter, tmp_path: Path
+) -> None:
+    """A store of another identity on one assigned partition: run() raises PartitionUnservedError and shuts down (aborting the rest)."""
+    _conflicting_store(tmp_path, TP1)
+    w = await start_worker(assign={TP0, TP1}, logs=_logs(2))
+    with pytest.raises(PartitionUnservedError, match=f"{INPUT}-1"):
+        await asyncio.wait_for(w.worker.run(), 5)
+    assert w.consumer.stopped
+    assert w.worker._partitions == {}
+    for producer in w.clients.producers.made.get(f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0", []):
+        assert "commit" not in producer.calls  # a stop after an exception never commits
+        assert producer.stopped
+
+
+def test_the_cli_exits_non_zero_with_one_line_when_a_partition_cannot_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pipeline worker` with an unservable partition exits 1 and says which partition on one stderr line."""
+    _conflicting_store(tmp_path, TP1)
+    install(monkeypatch, consumer=FakeConsumer(assign={TP1}))
+    monkeypatch.setattr(cli, "tune_gc", lambda: None)  # leave this process's collector alone
+    status = cli.main(
+        [
+            "worker",
+            "--bootstrap=x",
+            f"--topology={TOPOLOGY_PATH}",
+            f"--state-dir={tmp_path}",
+            f"--group={GROUP}",
+            "--open-timeout=5",
+        ]
+    )
+    assert status == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"pipeline: error: partition {INPUT}-1 cannot be served")
+
+
+async def test_run_raising_mid_batch_aborts_the_open_transactions(
+    start_worker: Starter, tmp_path: Path
+) -> None:
+    """An exception out of the fetch after records were handled: run() re-raises, the open transaction is aborted, never committed."""
+    w = await start_worker(assign={TP0}, logs=_logs(3))
+
+    def fail_once_handled(_poll: int) -> None:
+        part = w.worker._partitions.get(TP0)
+        if part is not None and part.txn is not None and part.txn.records == 3:
+            raise RuntimeError("the fetch blew up")
+
+    w.consumer.on_poll = fail_once_handled
+    with pytest.raises(RuntimeError, match="blew up"):
+        await asyncio.wait_for(w.worker.run(), 5)
+    producer = w.clients.producers.of(0)
+    assert "begin" in producer.calls
+    assert "abort" in producer.calls
+    assert "commit" not in producer.calls
+    assert producer.committed == []
+    assert producer.offsets == []
+    assert producer.stopped
+    assert w.consumer.stopped
+    store = PartitionStore.open(store_path(tmp_path, TOPOLOGY, GROUP, TP0), bucket_ms=BUCKET_MS)
+    try:  # nothing claimed, and the lock was released
+        assert store.get_many([k.encode() for k in keys_for(0, 3)]) == {}
+    finally:
+        store.close()
+
+
+async def test_a_clean_stop_commits_the_open_transactions(start_worker: Starter) -> None:
+    """stop() (SIGTERM) after records were handled: run() returns, and the open transaction is committed, not aborted."""
+    w = await start_worker(assign={TP0, TP1}, logs=_logs(3))
+
+    def stop_once_handled(_poll: int) -> None:
+        parts = [w.worker._partitions.get(p) for p in (TP0, TP1)]
+        if all(p is not None and p.txn is not None and p.txn.records == 3 for p in parts):
+            w.worker.stop()
+
+    w.consumer.on_poll = stop_once_handled
+    await asyncio.wait_for(w.worker.run(), 5)
+    for p in (0, 1):
+        producer = w.clients.producers.of(p)
+        assert "abort" not in producer.calls
+        assert producer.offsets == [(tp(p), 3, GROUP)]
+        assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(p, 3)
+        assert producer.stopped
+    assert w.consumer.stopped
+
+
+async def test_a_revoked_partition_commits_its_open_transaction_before_the_callback_returns(
+    start_worker: Starter,
+) -> None:
+    """Revocation commits what the partition handled (so its next owner starts after it), then releases it."""
+    w = await start_worker(assign={TP0}, logs=_logs(3))
+    w.run()
+    await eventually(
+        lambda: (p := w.worker._partitions.get(TP0)) is not None and p.txn is not None and p.txn.records == 3
+    )
+    part = w.worker._partitions[TP0]
+    w.consumer.assigned.discard(TP0)
+    await w.worker.partitions_revoked({TP0})
+    producer = w.clients.producers.of(0)
+    assert producer.offsets == [(TP0, 3, GROUP)]
+    assert "abort" not in producer.calls
+    assert producer.stopped
+    assert part.state is S.CLOSED
+    assert TP0 not in w.worker._partitions
+    await w.stop()

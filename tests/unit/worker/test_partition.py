@@ -1,0 +1,524 @@
+"""One owned partition, between pure units and the broker: a real RocksDB store, a stand-in producer.
+
+Each test is one rule of docs/design.md sections 5-7 (the commit order, the
+lifecycle, the failure policy) as ``Partition`` carries it out: what is
+committed, what goes to the DLQ and why, what the store holds, where the
+consumer is sent back to, and which state the partition ends in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import (
+    ConcurrentTransactions,
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RequestTimedOutError,
+)
+from aiokafka.structs import ConsumerRecord
+
+from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.errors import PartitionUnservedError, StoreError
+from pipeline.kafka.partitioner import owner_partition
+from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.worker import opening as opening_module
+from pipeline.worker import partition as partition_module
+from pipeline.worker.lifecycle import PartitionState
+from pipeline.worker.opening import BACKOFF_FIRST, store_path
+from pipeline.worker.partition import Partition
+
+from .fakes import (
+    INPUT,
+    PARTITIONS,
+    T0,
+    TOPICS,
+    TOPOLOGY,
+    FakeProducer,
+    Harness,
+    ProducerFactory,
+    Sent,
+    body,
+    install,
+    keys_for,
+    make_partition,
+    record,
+    records,
+    tp,
+)
+
+S = PartitionState
+GROUP = "webhook-dedupe"
+TP0 = tp(0)
+K = keys_for(0, 12)  # keys owned by input partition 0: never rerouted
+Opener = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
+    """Open partition 0 for real (store in tmp_path) over a FakeProducer and a restore that applies nothing."""
+    opened: list[Harness] = []
+
+    async def make(*, limits: dict[str, int] | None = None, **overrides: Any) -> Harness:
+        producers = ProducerFactory()
+        install(monkeypatch, producers=producers)
+        seeks: list[tuple[TopicPartition, int]] = []
+        part = make_partition(tmp_path, limits=limits, seeks=seeks, **overrides)
+        await part.open()
+        harness = Harness(part, producers.of(0), seeks)
+        opened.append(harness)
+        return harness
+
+    return make
+
+
+def _claimed(h: Harness, *keys: str) -> set[str]:
+    """Which of ``keys`` the partition's store holds."""
+    assert h.part.store is not None
+    return {k.decode() for k in h.part.store.get_many([k.encode() for k in keys])}
+
+
+def _limit(part: Partition) -> int | None:
+    """The bisecting limit: the most records one transaction may hold now (None: no limit)."""
+    tracker = part.poison
+    return tracker.limit if hasattr(tracker, "limit") else part.limit  # type: ignore[attr-defined]
+
+
+def _poison(part: Partition) -> Mapping[int, Any]:
+    """The offsets the partition sends to the DLQ without handling them again, with why."""
+    tracker = part.poison
+    return tracker.poison if hasattr(tracker, "poison") else tracker  # type: ignore[no-any-return]
+
+
+def _command_keys(producer: FakeProducer) -> list[str]:
+    return [k.decode() for k in producer.committed_keys(TOPICS.commands) if k is not None]
+
+
+async def _handle_and_commit(h: Harness, batch: list[ConsumerRecord[bytes, bytes]]) -> None:
+    h.part.feed(batch)
+    await h.part.work()
+    await h.part.commit()
+
+
+async def _pump(
+    h: Harness, batch: list[ConsumerRecord[bytes, bytes]], *, rounds: int = 40
+) -> list[int | None]:
+    """Drive the partition as the loop does, over a log holding ``batch``; return ``limit`` after each round.
+
+    Each round fetches from the consumer's position, handles, and commits unless
+    the handling rewound; a seek moves the position back. Stops once the whole
+    log is committed.
+    """
+    position, end = batch[0].offset, batch[-1].offset + 1
+    limits: list[int | None] = []
+    for _ in range(rounds):
+        assert h.part.state is S.READY
+        seeks = len(h.seeks)
+        fetched = [r for r in batch if r.offset >= position]
+        position = end
+        if fetched:
+            h.part.feed(fetched)
+        await h.part.work()
+        if len(h.seeks) == seeks:
+            await h.part.commit()
+        limits.append(_limit(h.part))
+        if len(h.seeks) > seeks:
+            position = h.seeks[-1][1]
+        elif not h.part.queue and h.producer.committed_offset() == end:
+            return limits
+    raise AssertionError(f"the log was not committed in {rounds} rounds: {h.producer.calls}")
+
+
+def _command_with(key: str, error: BaseException) -> Callable[[list[Sent]], BaseException | None]:
+    """A broker that refuses any batch or transaction holding a command keyed ``key``."""
+
+    def refuse(sent: list[Sent]) -> BaseException | None:
+        hit = any(s.topic == TOPICS.commands and s.key == key.encode() for s in sent)
+        return error if hit else None
+
+    return refuse
+
+
+# -- opening, and the commit order --------------------------------------------------------
+
+
+async def test_open_starts_the_producer_restores_and_is_ready(open_partition: Opener) -> None:
+    """open() goes OPENING → RESTORING → READY: the store opened, the fencing producer started, a stage set."""
+    h = await open_partition()
+    assert h.part.state is S.READY
+    assert h.part.serving
+    assert h.producer.started
+    assert h.producer.transactional_id == f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"
+    assert h.part.store is not None
+    assert h.part.store.changelog_offset == -1
+    assert h.part.txn is not None
+    assert h.part.stage is not None
+
+
+async def test_a_batch_commits_commands_for_new_keys_audit_for_every_record_and_changelog_for_staged_keys(
+    open_partition: Opener,
+) -> None:
+    """One transaction: a command per new key, an audit record per input record, a changelog record per staged change, offset last+1."""
+    h = await open_partition()
+    batch = [record(10, K[0]), record(11, K[1]), record(12, K[0])]  # the third is a copy of the first
+    await _handle_and_commit(h, batch)
+
+    p = h.producer
+    assert p.violations == []
+    assert [c for c in p.calls if not c.startswith("send")] == [
+        "start",
+        "begin",
+        f"offsets {INPUT}-0:13",
+        "commit",
+    ]
+    assert p.offsets == [(TP0, 13, GROUP)]
+    commands = p.committed_to(TOPICS.commands)
+    assert [s.key for s in commands] == [K[0].encode(), K[1].encode()]
+    assert all(s.partition == owner_partition(s.key or b"", PARTITIONS) for s in commands)
+    assert [s.json()["key"] for s in commands] == [K[0], K[1]]
+    audit = [s.json() for s in p.committed_to(TOPICS.audit)]
+    assert [(a["offset"], a["outcome"]) for a in audit] == [(10, "first"), (11, "first"), (12, "duplicate")]
+    changelog = p.committed_to(TOPICS.changelog)
+    assert [s.key for s in changelog] == [K[0].encode(), K[1].encode(), K[0].encode()]
+    assert {s.partition for s in changelog} == {0}  # the changelog partition is the input's
+    assert {s.timestamp for s in commands} == {T0 + 10, T0 + 11}  # outputs keep the input's timestamp
+    assert p.dlq() == []
+
+
+async def test_the_store_is_written_only_after_the_kafka_commit(open_partition: Opener) -> None:
+    """Nothing is claimed in RocksDB while the transaction is open or as it commits; after it, the keys and the changelog offset are."""
+    h = await open_partition()
+    seen_at_commit: list[set[str]] = []
+    h.producer.on_commit = lambda: seen_at_commit.append(_claimed(h, K[0], K[1]))
+    h.part.feed([record(10, K[0]), record(11, K[1])])
+    await h.part.work()
+    assert _claimed(h, K[0], K[1]) == set()
+    await h.part.commit()
+    assert seen_at_commit == [set()]
+    assert _claimed(h, K[0], K[1]) == {K[0], K[1]}
+    assert h.part.store is not None
+    assert h.part.store.changelog_offset == 1  # the last of the two changelog records (offsets 0 and 1)
+    assert h.part.state is S.READY
+
+
+async def test_a_copy_in_a_later_transaction_is_a_duplicate_and_makes_no_command(
+    open_partition: Opener,
+) -> None:
+    """A key committed in one transaction suppresses its copy in the next: the store is what the next batch sees."""
+    h = await open_partition()
+    await _handle_and_commit(h, [record(10, K[0])])
+    await _handle_and_commit(h, [record(11, K[0])])
+    assert _command_keys(h.producer) == [K[0]]
+    assert [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)] == ["first", "duplicate"]
+    assert h.producer.offsets[-1] == (TP0, 12, GROUP)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_dlq_alone_on_the_redo(
+    open_partition: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handling raises: abort (never commit), seek back to the batch's first offset; the redo DLQs that record (handler-error) and commands the rest."""
+    h = await open_partition()
+    classify = h.part.classifier.classify
+    calls: list[int] = []
+
+    def explode_at_11(delivery: Any) -> Any:
+        calls.append(delivery.offset)
+        if delivery.offset == 11:
+            raise ValueError("a bug in classify")
+        return classify(delivery)
+
+    monkeypatch.setattr(h.part.classifier, "classify", explode_at_11)
+    batch = records(0, 10, K[:3])
+
+    h.part.feed(batch)
+    await h.part.work()
+    assert "abort" in h.producer.calls
+    assert "commit" not in h.producer.calls
+    assert h.producer.committed == []
+    assert h.seeks == [(TP0, 10)]
+    assert h.part.state is S.READY
+    assert h.part.queue == []
+    assert _poison(h.part)[11].reason == "handler-error"
+
+    calls.clear()
+    await _handle_and_commit(h, batch)  # the consumer, moved back to 10, fetches the same records
+    assert 11 not in calls  # the poison record is not handled again
+    dlq = h.producer.dlq()
+    assert [(d["offset"], d["reason"]) for d in dlq] == [(11, "handler-error")]
+    assert "a bug in classify" in dlq[0]["error"]
+    assert _command_keys(h.producer) == [K[0], K[2]]
+    audit = [s.json() for s in h.producer.committed_to(TOPICS.audit)]
+    assert [(a["offset"], a["outcome"]) for a in audit] == [(10, "first"), (11, "invalid"), (12, "first")]
+    assert _claimed(h, *K[:3]) == {K[0], K[2]}
+    assert h.producer.committed_offset() == 13
+    assert dict(_poison(h.part)) == {}  # forgotten once committed past it
+    assert h.producer.violations == []
+
+
+async def test_a_hostile_received_at_goes_to_the_dlq_as_bad_header_without_raising(
+    open_partition: Opener,
+) -> None:
+    """received-at far out of range is a bad-header DLQ record in the same transaction; its key is not claimed."""
+    h = await open_partition()
+    hostile = record(
+        11,
+        K[1],
+        headers=[(SOURCE_HEADER, b"stripe"), (RECEIVED_AT_HEADER, b"100000000000000000000")],
+    )
+    await _handle_and_commit(h, [record(10, K[0]), hostile, record(12, K[2])])
+    assert "abort" not in h.producer.calls
+    dlq = h.producer.dlq()
+    assert [(d["offset"], d["reason"]) for d in dlq] == [(11, "bad-header")]
+    assert _command_keys(h.producer) == [K[0], K[2]]
+    assert _claimed(h, *K[:3]) == {K[0], K[2]}
+    assert h.producer.committed_offset() == 13
+    assert h.part.state is S.READY
+
+
+async def test_a_command_larger_than_its_topic_takes_goes_to_the_dlq_as_too_large_and_its_key_stays_unclaimed(
+    open_partition: Opener,
+) -> None:
+    """A command over the topic's limit: DLQ (too-large), no command, no claim; the partition goes on with the next record."""
+    h = await open_partition(limits={TOPICS.commands: 5000})
+    big = record(10, K[0], value=body(K[0], pad=6000))
+    await _handle_and_commit(h, [big, record(11, K[1])])
+    dlq = h.producer.dlq()
+    assert [(d["offset"], d["reason"]) for d in dlq] == [(10, "too-large")]
+    assert _command_keys(h.producer) == [K[1]]
+    assert K[0].encode() not in h.producer.committed_keys(TOPICS.changelog)
+    assert _claimed(h, K[0], K[1]) == {K[1]}
+    assert h.producer.committed_offset() == 12
+    assert h.part.state is S.READY
+    await _handle_and_commit(h, [record(12, K[2])])
+    assert _command_keys(h.producer) == [K[1], K[2]]
+
+
+# -- commits the broker refuses ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["commit", "send"])
+async def test_a_commit_refused_twice_from_one_offset_bisects_until_the_offending_record_goes_to_the_dlq(
+    open_partition: Opener, where: str
+) -> None:
+    """A non-retriable refusal that repeats halves the transaction until one record is alone; it goes to the DLQ (unproducible), the others commit."""
+    h = await open_partition()
+    batch = records(0, 10, K[:8])
+    bad = K[3]  # offset 13
+    refuse = _command_with(bad, MessageSizeTooLargeError())
+    if where == "commit":
+        h.producer.fail_commit_if = refuse
+    else:
+        h.producer.fail_send_if = refuse
+
+    limits = await _pump(h, batch)
+
+    halvings = [limit for previous, limit in zip([None, *limits], limits, strict=False) if limit != previous]
+    assert halvings == [4, 2, 1, None]  # 8 records fail twice → 4 → 2 → 1 alone → to the DLQ, no limit
+    assert _limit(h.part) is None  # back to whole transactions once past the batch
+    dlq = h.producer.dlq()
+    assert [(d["offset"], d["reason"]) for d in dlq] == [(13, "unproducible")]
+    assert "MessageSizeTooLargeError" in dlq[0]["error"]
+    assert sorted(_command_keys(h.producer)) == sorted(k for k in K[:8] if k != bad)
+    assert _claimed(h, *K[:8]) == set(K[:8]) - {bad}
+    assert h.producer.committed_offset() == 18
+    assert {offset for _, offset in h.seeks} == {10, 12, 13}  # every redo starts at a batch's first offset
+    assert h.producer.violations == []
+
+
+async def test_a_single_non_retriable_refusal_is_redone_whole_before_bisecting(
+    open_partition: Opener,
+) -> None:
+    """Once may be chance: the first refusal is redone from the same offset with the whole batch, no limit, no DLQ."""
+    h = await open_partition()
+    h.producer.fail["commit"].append(MessageSizeTooLargeError())
+    limits = await _pump(h, records(0, 10, K[:4]))
+    assert set(limits) == {None}
+    assert h.seeks == [(TP0, 10)]
+    assert h.producer.calls.count("abort") == 1
+    assert h.producer.dlq() == []
+    assert _command_keys(h.producer) == K[:4]
+
+
+@pytest.mark.parametrize(
+    "error",
+    # aiokafka calls KafkaTimeoutError and ConcurrentTransactions final; neither is a record's fault
+    [KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError, ConcurrentTransactions],
+    ids=lambda e: e.__name__,
+)
+async def test_a_retriable_commit_failure_is_redone_and_never_bisects_or_dlqs(
+    open_partition: Opener, error: type[Exception]
+) -> None:
+    """A timeout, a lost connection or a busy coordinator, however often it repeats from one offset, is redone whole: no limit, no DLQ."""
+    h = await open_partition()
+    h.producer.fail["commit"].extend(error() for _ in range(4))
+    limits = await _pump(h, records(0, 10, K[:4]))
+    assert set(limits) == {None}
+    assert h.seeks == [(TP0, 10)] * 4
+    assert h.producer.calls.count("abort") == 4
+    assert h.producer.dlq() == []
+    assert _command_keys(h.producer) == K[:4]
+    assert h.producer.committed_offset() == 14
+
+
+# -- fenced, broken ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at", ["begin", "commit"])
+async def test_fenced_at_begin_or_commit_makes_the_partition_fenced(open_partition: Opener, at: str) -> None:
+    """ProducerFenced (another owner took the transactional id) drops the partition: FENCED, nothing committed, never retried."""
+    h = await open_partition()
+    h.producer.fail[at].append(ProducerFenced())
+    h.part.feed(records(0, 10, K[:2]))
+    await h.part.work()
+    await h.part.commit()
+    assert h.part.state is S.FENCED
+    assert not h.part.serving
+    assert h.producer.committed == []
+    assert h.seeks == []
+    await h.part.close(commit=True)
+    assert h.part.state is S.CLOSED
+    assert "commit" not in h.producer.calls[h.producer.calls.index(at) + 1 :]
+    assert h.producer.stopped
+
+
+async def test_a_failed_store_write_after_the_kafka_commit_makes_the_partition_broken(
+    open_partition: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka committed but RocksDB refused: BROKEN (reopen and restore), the store's changelog offset unchanged."""
+    h = await open_partition()
+    store = h.part.store
+    assert store is not None
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(store, "write", refuse)
+    await _handle_and_commit(h, records(0, 10, K[:2]))
+    assert h.producer.calls[-1] == "commit"
+    assert h.producer.committed_offset() == 12
+    assert h.part.state is S.BROKEN
+    assert store.changelog_offset == -1
+    assert _claimed(h, *K[:2]) == set()
+    await h.part.close(commit=True)
+    assert h.part.state is S.CLOSED
+
+
+# -- open failures and closing -----------------------------------------------------------
+
+
+async def test_a_store_of_another_identity_refuses_to_open_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store copied from partition 1 to partition 0's place: PartitionUnservedError without retrying, CLOSED, the store left alone."""
+    path = store_path(tmp_path, TOPOLOGY, GROUP, TP0)
+    bucket_ms = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
+    theirs = StoreIdentity(TOPOLOGY.app, GROUP, INPUT, 1, TOPICS.changelog)
+    PartitionStore.open(path, bucket_ms=bucket_ms, identity=theirs).close()
+    producers = ProducerFactory()
+    install(monkeypatch, producers=producers)
+    part = make_partition(tmp_path, open_timeout=30.0)
+
+    began = time.monotonic()
+    with pytest.raises(PartitionUnservedError, match="belongs to"):
+        await part.open()
+    assert time.monotonic() - began < BACKOFF_FIRST  # no backoff: not retried
+    assert part.state is S.CLOSED
+    assert part.store is None
+    assert not producers.made  # never got as far as the producer
+    PartitionStore.open(path, bucket_ms=bucket_ms, identity=theirs).close()  # still theirs, not wiped
+
+
+async def test_an_unusable_state_dir_is_retried_until_open_timeout_then_the_partition_is_unserved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state dir that is a regular file is retried with backoff until open_timeout, then PartitionUnservedError and CLOSED."""
+    state_dir = tmp_path / "state"
+    state_dir.write_text("not a directory")
+    install(monkeypatch)
+    part = make_partition(state_dir, open_timeout=1.0)
+    attempts: list[float] = []
+    real_open_store = partition_module.open_store
+
+    def counted(*args: Any) -> PartitionStore:
+        attempts.append(time.monotonic())
+        return real_open_store(*args)
+
+    monkeypatch.setattr(partition_module, "open_store", counted)
+
+    began = time.monotonic()
+    with pytest.raises(PartitionUnservedError, match="cannot be served"):
+        await part.open()
+    elapsed = time.monotonic() - began
+    assert len(attempts) >= 2  # retried
+    assert BACKOFF_FIRST <= elapsed <= 1.0 + 0.5  # within the deadline
+    assert part.state is S.CLOSED
+    assert part.store is None
+
+
+async def test_a_failing_producer_start_is_retried_and_a_new_producer_made_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker not reachable at open (retriable) is retried: each attempt makes and stops its own producer, then READY."""
+    made: list[FakeProducer] = []
+
+    def prepare(producer: FakeProducer) -> None:
+        if not made:
+            producer.fail["start"].append(KafkaConnectionError())
+        made.append(producer)
+
+    install(monkeypatch, producers=ProducerFactory(prepare))
+    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
+    part = make_partition(tmp_path, open_timeout=5.0)
+    await part.open()
+    assert part.state is S.READY
+    assert len(made) == 2
+    assert made[0].stopped  # the failed one was stopped, not leaked
+    assert part.producer is made[1]
+    await part.close(commit=False)
+
+
+async def test_close_without_commit_after_an_exception_aborts_and_never_commits(
+    open_partition: Opener,
+) -> None:
+    """close(commit=False) (shutdown after an exception) aborts the open transaction; nothing is claimed; producer and store released."""
+    h = await open_partition()
+    h.part.feed(records(0, 10, K[:3]))
+    await h.part.work()
+    store_dir = h.part.store.path if h.part.store else None
+    await h.part.close(commit=False)
+    assert h.producer.calls[-2:] == ["abort", "stop"]
+    assert "commit" not in h.producer.calls
+    assert h.producer.committed == []
+    assert h.part.state is S.CLOSED
+    assert h.part.store is None
+    assert h.part.producer is None
+    assert store_dir is not None
+    bucket_ms = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
+    reopened = PartitionStore.open(store_dir, bucket_ms=bucket_ms)  # its lock was released
+    try:
+        assert reopened.get_many([k.encode() for k in K[:3]]) == {}
+    finally:
+        reopened.close()
+
+
+async def test_close_with_commit_on_a_clean_stop_commits_the_open_transaction(open_partition: Opener) -> None:
+    """close(commit=True) (revoked, or a clean stop) commits what is open before releasing the partition."""
+    h = await open_partition()
+    h.part.feed(records(0, 10, K[:2]))
+    await h.part.work()
+    await h.part.close(commit=True)
+    assert "abort" not in h.producer.calls
+    assert h.producer.committed_offset() == 12
+    assert _command_keys(h.producer) == K[:2]
+    assert h.part.state is S.CLOSED
+    assert h.producer.stopped
