@@ -315,6 +315,7 @@ def _cmd_rescale(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from pathlib import Path  # noqa: PLC0415
 
+    from pipeline.ops.foreground import run_foreground  # noqa: PLC0415
     from pipeline.ops.up import Up, UpSettings  # noqa: PLC0415
 
     settings = UpSettings(
@@ -327,7 +328,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         demo=args.demo,
         demo_events=args.demo_events,
     )
-    return asyncio.run(_run_service(Up(settings)))
+    return asyncio.run(run_foreground(Up(settings)))
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:

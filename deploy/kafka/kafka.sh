@@ -32,7 +32,7 @@ say() { echo "kafka.sh: $*" >&2; }
 
 fetch() {
   if [[ -f "$LIB_DIR/.complete" ]]; then return 0; fi
-  say "fetching Apache Kafka $KAFKA_VERSION from Maven Central into $LIB_DIR"
+  say "fetching Apache Kafka $KAFKA_VERSION from Maven Central into $LIB_DIR (once; about 40 MB, a minute or so)"
   rm -rf "$LIB_DIR" && mkdir -p "$LIB_DIR"
   mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies \
     -DoutputDirectory="$LIB_DIR" -DincludeScope=runtime
@@ -44,6 +44,10 @@ running_pid() {
   local pid; pid="$(cat "$PID_FILE")"
   kill -0 "$pid" 2>/dev/null || return 1
   echo "$pid"
+}
+
+cluster_id() {
+  sed -n 's/^cluster.id=//p' "$RUN_DIR/data/meta.properties" 2>/dev/null
 }
 
 java_run() {
@@ -80,9 +84,16 @@ PROPS
 
 start() {
   if pid="$(running_pid)"; then say "already running on 127.0.0.1:$PORT (pid $pid)"; return 0; fi
+  local busy
+  if ! busy="$("$PYTHON" "$HERE/probe.py" --free "127.0.0.1:$PORT" "127.0.0.1:$CONTROLLER_PORT")"; then
+    say "port ${busy##*:} on 127.0.0.1 is in use by another process; stop it or choose other ports" \
+      "(PORT, KAFKA_CONTROLLER_PORT): a broker this script did not start is never used"
+    return 1
+  fi
   fetch
   write_config
   if [[ ! -f "$RUN_DIR/data/meta.properties" ]]; then
+    say "formatting new storage in $RUN_DIR/data"
     local cluster_id; cluster_id="$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
     java_run -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
       kafka.tools.StorageTool format -t "$cluster_id" -c "$RUN_DIR/server.properties" >/dev/null
@@ -94,9 +105,18 @@ start() {
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
     -cp "$LIB_DIR/*" kafka.Kafka "$RUN_DIR/server.properties" \
     >> "$RUN_DIR/kafka.out" 2>&1 < /dev/null &
-  echo $! > "$PID_FILE"
-  if ! "$PYTHON" "$HERE/probe.py" "127.0.0.1:$PORT" "${KAFKA_START_TIMEOUT:-90}"; then
-    say "broker did not become ready on 127.0.0.1:$PORT; last log lines:"
+  local pid=$! cluster; cluster="$(cluster_id)"
+  echo "$pid" > "$PID_FILE"
+  say "started the broker (pid $pid, cluster $cluster); waiting up to ${KAFKA_START_TIMEOUT:-90}s for 127.0.0.1:$PORT"
+  local code=0
+  "$PYTHON" "$HERE/probe.py" "127.0.0.1:$PORT" "${KAFKA_START_TIMEOUT:-90}" --cluster-id "$cluster" || code=$?
+  if [[ $code -eq 0 ]] && ! kill -0 "$pid" 2>/dev/null; then code=3; fi
+  if [[ $code -ne 0 ]]; then
+    case $code in
+      2) say "another broker answers on 127.0.0.1:$PORT (not cluster $cluster); last log lines:" ;;
+      3) say "the broker (pid $pid) exited although 127.0.0.1:$PORT answers; last log lines:" ;;
+      *) say "broker did not become ready on 127.0.0.1:$PORT; last log lines:" ;;
+    esac
     tail -n 40 "$LOG_FILE" "$RUN_DIR/kafka.out" >&2 || true
     stop || true
     return 1
@@ -124,7 +144,7 @@ case "$cmd" in
   stop) stop ;;
   restart) stop; start ;;
   status)
-    if pid="$(running_pid)" && "$PYTHON" "$HERE/probe.py" "127.0.0.1:$PORT" 5; then
+    if pid="$(running_pid)" && "$PYTHON" "$HERE/probe.py" "127.0.0.1:$PORT" 5 --cluster-id "$(cluster_id)"; then
       echo "running on 127.0.0.1:$PORT (pid $pid)"
     else
       echo "not running on 127.0.0.1:$PORT"; exit 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,3 +142,14 @@ def _not_utf8(body: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+def curl_note(topology: Topology, environ: Mapping[str, str]) -> str:
+    """What a banner says under its sample curl: how long it is accepted, and how to sign your own."""
+    for source in topology.sources.values():
+        if source.verify is Verify.NONE or not source.secrets(environ):
+            continue
+        limit = tolerance(source)
+        when = f"is accepted for {limit} s from now" if limit is not None else "does not expire"
+        return f"# its signature {when}; sign your own event: pipeline sign {source.name} event.json"
+    return "# no signed source has a secret set: set one (see the topology) to sign events"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import re
@@ -23,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,12 +32,36 @@ from pipeline import kafka, resources, topology
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
+from pipeline.ops.foreground import refuse_busy_ports, second_terminal
+from pipeline.ops.sign import curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
 from pipeline.topology import Topology, Verify
 from pipeline.worker.loop import Worker
 
 log = logging.getLogger(__name__)
+
+#: Loggers that write a line per request or per record: quiet while the demo's display runs.
+DEMO_NOISE = (
+    "pipeline.ingress.server",  # the ingress app's logger: "accepted webhook ..." per request
+    "pipeline.ingress.app",
+    "pipeline.worker.effect_stage",
+    "pipeline.worker.event_stage",
+)
+
+
+@contextlib.contextmanager
+def quiet(names: tuple[str, ...], level: int = logging.ERROR) -> Iterator[None]:
+    """Raise the level of the loggers ``names`` for the duration of the block."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(level, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, before, strict=True):
+            logger.setLevel(old)
 
 
 @dataclass(frozen=True)
@@ -109,6 +134,10 @@ class Up:
             self.out(f"  webhook URL {base}/webhooks/{name}")
         self.out("Try it (a signed Stripe test event):")
         self.out("  " + sample_curl(topo, base))
+        self.out("  " + curl_note(topo, os.environ))
+        self.out("In a second terminal:")
+        for line in second_terminal(self.bootstrap, topo, self.settings.metrics_port, base):
+            self.out("  " + line)
         if generated:
             self.out(
                 "Dev secrets   generated for unset variables (this process only): "
@@ -123,11 +152,11 @@ class Up:
         if self.settings.demo:
             tasks.append(asyncio.create_task(self._demo()))
         stopper = asyncio.create_task(self._stopping.wait())
+        failure: BaseException | None = None
         try:
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopper and task.exception() is not None:
-                    log.error("a service failed: %s", task.exception())
+            failures = [t.exception() for t in done if t is not stopper and not t.cancelled()]
+            failure = next((f for f in failures if f is not None), None)
         finally:
             for service in self._services:
                 service.stop()
@@ -135,20 +164,29 @@ class Up:
             stopper.cancel()
             if self._started_broker:
                 await self._stop_broker()
+        if isinstance(failure, PipelineError):
+            raise failure
+        if failure is not None:
+            log.debug("up: a task failed", exc_info=failure)
+            raise PipelineError(f"pipeline up stopped: {type(failure).__name__}: {failure}") from failure
 
     async def _demo(self) -> None:
         from pipeline.ops.demo import run_demo  # noqa: PLC0415
 
         await asyncio.sleep(2.0)  # let the worker join its group
         self.out("Demo: sending signed webhooks with retries, a redelivery and forgeries ...")
+        self.out("  (per-request log lines are hidden while the demo runs)")
         if self._worker is None or self._ingress is None or self._topology is None:
             return
-        await run_demo(
-            self._topology,
-            f"http://127.0.0.1:{self._ingress.port}",
-            self._worker.metrics.registry,
-            events=self.settings.demo_events,
-        )
+        with quiet(DEMO_NOISE):
+            ok = await run_demo(
+                self._topology,
+                f"http://127.0.0.1:{self._ingress.port}",
+                self.bootstrap,
+                events=self.settings.demo_events,
+            )
+        if not ok:
+            raise PipelineError("the demo failed: the worker's counts did not match (see the summary above)")
         self.out("Demo done; the pipeline keeps running. Stop with Ctrl-C.")
         await self._stopping.wait()
 
@@ -156,10 +194,24 @@ class Up:
         """Ask everything to stop."""
         self._stopping.set()
 
+    @property
+    def owned_broker(self) -> LocalBroker | None:
+        """The local broker this ``up`` started (or is starting), which it stops; None otherwise."""
+        return LocalBroker.here(self.settings.kafka_port) if self._started_broker else None
+
+    async def abandon(self) -> None:
+        """After a failed or interrupted start: stop what already runs, the broker last."""
+        for service in self._services:
+            service.stop()
+        if self._started_broker:
+            await self._stop_broker()
+
     async def _start_broker(self) -> None:
         broker = LocalBroker.here(self.settings.kafka_port)
         broker.check()
+        refuse_busy_ports(broker)
         self.out(f"Starting the local Kafka broker on 127.0.0.1:{self.settings.kafka_port} ...")
+        self._started_broker = True  # from here on, stopping it is ours (an interrupted start too)
         if await broker.run("start") != 0:
             raise PipelineError(f"the local broker did not start (its log: {broker.log_file})")
         self._started_broker = True
@@ -227,7 +279,13 @@ class LocalBroker:
         process = await asyncio.create_subprocess_exec(
             "bash", str(self.script), action, str(self.port), stdin=subprocess.DEVNULL, env=env
         )
-        return await process.wait()
+        try:
+            return await process.wait()
+        except asyncio.CancelledError:  # interrupted: end the script too (its broker is stopped after)
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            await asyncio.shield(process.wait())
+            raise
 
 
 def dev_secrets(topo: Topology, environ: os._Environ[str] | dict[str, str]) -> list[str]:

@@ -112,7 +112,7 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
 def test_up_demo_sends_signed_webhooks_and_every_duplicate_is_suppressed(
     bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
-    """up --demo streams retries, a redelivery and forgeries, and its summary checks out."""
+    """up --demo streams retries, a redelivery and forgeries, and its summary checks out, on a rerun too."""
     app = unique("demo")
     path = write_topology(
         tmp_path / "demo.toml",
@@ -120,6 +120,11 @@ def test_up_demo_sends_signed_webhooks_and_every_duplicate_is_suppressed(
         partitions=2,
         secrets={"stripe": "DEMO_STRIPE_SECRET", "github": "DEMO_GITHUB_SECRET"},
     )
+    for _run in range(2):  # a rerun on the same broker, topics and state counts only its own events
+        _run_demo(bootstrap, path, tmp_path)
+
+
+def _run_demo(bootstrap: str, path: Path, tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -152,6 +157,121 @@ def test_up_demo_sends_signed_webhooks_and_every_duplicate_is_suppressed(
         assert "MISMATCH" not in output
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "up",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--metrics-port",
+            str(_free_port()),
+            "--ingress-port",
+            str(_free_port()),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def _local_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, KAFKA_RUN_DIR=str(tmp_path / "kafka"), PIPELINE_LOG_LEVEL="WARNING")
+    env["KAFKA_CONTROLLER_PORT"] = str(_free_port())
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    return env
+
+
+def test_up_refuses_a_kafka_port_already_in_use(tmp_path: Path) -> None:
+    """With something listening on --kafka-port, up exits 1 at once with one line and starts no broker."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = _up(tmp_path, "--kafka-port", str(port), env=_local_env(tmp_path))
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 1, out + err
+    expected = (
+        f"pipeline: error: Kafka port {port} on 127.0.0.1 is already in use by another process; pipeline up"
+        f" never uses a broker it did not start: stop that process, choose another --kafka-port, or use it"
+        f" with --bootstrap 127.0.0.1:{port}"
+    )
+    assert err.strip().splitlines() == [expected]
+    assert "ready" not in out
+    assert not (tmp_path / "kafka").exists()
+
+
+def test_kafka_sh_refuses_a_port_in_use_and_probe_checks_the_cluster_id(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """kafka.sh start never adopts a broker on its port; the probe rejects a broker of another cluster."""
+    port = int(bootstrap.rpartition(":")[2])
+    started = subprocess.run(
+        [str(ROOT / "deploy" / "kafka" / "kafka.sh"), "start", str(port)],
+        capture_output=True,
+        text=True,
+        env=_local_env(tmp_path),
+        timeout=60,
+        check=False,
+    )
+    assert started.returncode == 1
+    assert f"kafka.sh: port {port} on 127.0.0.1 is in use by another process" in started.stderr
+    probe = str(ROOT / "deploy" / "kafka" / "probe.py")
+    other = subprocess.run(
+        [sys.executable, probe, bootstrap, "10", "--cluster-id", "not-this-cluster"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert other.returncode == 2, other.stderr
+
+
+def test_sigterm_while_the_broker_starts_stops_it_and_exits(tmp_path: Path) -> None:
+    """SIGTERM during start is not ignored: up abandons the start, stops the broker it launched and exits non-zero."""
+    port = _free_port()
+    env = _local_env(tmp_path)
+    process = _up(tmp_path, "--kafka-port", str(port), env=env)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "Starting the local Kafka broker" in line, line
+        time.sleep(3)  # kafka.sh is formatting or waiting for the JVM
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130
+        status = subprocess.run(
+            [str(ROOT / "deploy" / "kafka" / "kafka.sh"), "status", str(port)], env=env, check=False
+        )
+        assert status.returncode == 1  # not running: stopped, not leaked
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        subprocess.run([str(ROOT / "deploy" / "kafka" / "kafka.sh"), "stop", str(port)], env=env, check=False)
+
+
+def test_a_second_ctrl_c_exits_at_once(bootstrap: str, tmp_path: Path, unique: Callable[[str], str]) -> None:
+    """The first Ctrl-C starts a clean stop; a second one during it exits immediately with 130."""
+    path = write_topology(tmp_path / "force.toml", unique("force"), partitions=2)
+    env = dict(os.environ, PIPELINE_LOG_LEVEL="WARNING")
+    process = _up(tmp_path, "--bootstrap", bootstrap, "--topology", str(path), env=env)
+    try:
+        _wait_for(process, "Stop with Ctrl-C.")
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+        assert "SIGINT again: exiting now" in (process.stderr.read() if process.stderr else "")
     finally:
         if process.poll() is None:
             process.kill()

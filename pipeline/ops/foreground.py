@@ -1,0 +1,149 @@
+"""Running ``pipeline up`` in the foreground: signals, a forced exit, and port checks.
+
+The first Ctrl-C or SIGTERM stops everything cleanly (while still starting, it
+abandons the start and stops what already runs, the broker included); a second
+one exits at once, leaving a detached ``kafka.sh stop`` to stop the broker
+``up`` started. No signal is ever ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from pipeline.config import DEFAULT_TOPOLOGY
+from pipeline.errors import PipelineError
+from pipeline.ops.sign import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from pipeline.ops.up import LocalBroker, Up
+    from pipeline.topology import Topology
+
+DEFAULT_METRICS_PORT = 9100  # pipeline inspect's default --workers port
+
+FORCED_EXIT = 130
+
+
+def busy_port(ports: Iterable[int], host: str = "127.0.0.1") -> int | None:
+    """The first of ``ports`` that cannot be bound on ``host`` now, or None when all are free."""
+    for port in ports:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker binds
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return port
+    return None
+
+
+def controller_port(port: int, environ: dict[str, str] | os._Environ[str] | None = None) -> int:
+    """The controller port kafka.sh uses with broker port ``port``."""
+    env = os.environ if environ is None else environ
+    text = env.get("KAFKA_CONTROLLER_PORT", "")
+    return int(text) if text.isdigit() else port + 1
+
+
+def own_broker_running(broker: LocalBroker) -> bool:
+    """Whether a broker kafka.sh started for this port and run directory is alive (its pid file)."""
+    pid_file = broker.run_dir / str(broker.port) / "kafka.pid"
+    try:
+        pid = int(pid_file.read_text(encoding="utf-8").strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def refuse_busy_ports(broker: LocalBroker) -> None:
+    """Raise when the broker's ports are taken by anything but the broker kafka.sh started there."""
+    if own_broker_running(broker):
+        return
+    ports = [broker.port, controller_port(broker.port)]
+    busy = busy_port(ports)
+    if busy is not None:
+        what = "Kafka port" if busy == broker.port else "controller port (KAFKA_CONTROLLER_PORT)"
+        raise PipelineError(
+            f"{what} {busy} on 127.0.0.1 is already in use by another process; pipeline up never uses a"
+            f" broker it did not start: stop that process, choose another --kafka-port, or use it with"
+            f" --bootstrap 127.0.0.1:{broker.port}"
+        )
+
+
+def stop_detached(script: Path, port: int, run_dir: Path) -> None:
+    """Start ``kafka.sh stop PORT`` in its own session, so it finishes after this process exits."""
+    env = dict(os.environ, KAFKA_RUN_DIR=str(run_dir), PYTHON=sys.executable)
+    subprocess.Popen(  # noqa: S603  (our own script, fixed arguments)
+        ["bash", str(script), "stop", str(port)],  # noqa: S607
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def second_terminal(bootstrap: str, topology: Topology, metrics_port: int, ingress_url: str) -> list[str]:
+    """The lines that point a second terminal's ``pipeline`` commands at this ``up``."""
+    lines = [f"export KAFKA_BOOTSTRAP_SERVERS={shlex.quote(bootstrap)}"]
+    if topology.path is not None and Path(topology.path).resolve() != DEFAULT_TOPOLOGY.resolve():
+        lines.append(f"export PIPELINE_TOPOLOGY={shlex.quote(str(Path(topology.path).resolve()))}")
+    if metrics_port != DEFAULT_METRICS_PORT:
+        lines.append(f"export PIPELINE_WORKERS=127.0.0.1:{metrics_port}")
+    if ingress_url != DEFAULT_URL:
+        lines.append(f"export PIPELINE_INGRESS_URL={shlex.quote(ingress_url)}")
+    lines.append(f"pipeline tail {shlex.quote(topology.topics.commands)}    # the commands, as JSON lines")
+    return lines
+
+
+async def run_foreground(up: Up, *, err: TextIO = sys.stderr) -> int:
+    """Start ``up`` and run it until a signal; return the exit status (0 after a clean stop)."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    state = {"signals": 0, "starting": True}
+
+    def on_signal(signum: int) -> None:
+        state["signals"] += 1
+        name = signal.Signals(signum).name
+        if state["signals"] > 1:
+            broker = up.owned_broker
+            if broker is not None:
+                stop_detached(broker.script, broker.port, broker.run_dir)
+            note = f"; the broker on port {broker.port} is being stopped" if broker is not None else ""
+            err.write(f"\npipeline: {name} again: exiting now{note}\n")
+            err.flush()
+            os._exit(FORCED_EXIT)
+        err.write(f"\npipeline: {name}: stopping (press Ctrl-C again to exit at once)\n")
+        err.flush()
+        if state["starting"] and main is not None:
+            main.cancel()
+        else:
+            up.stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        try:
+            await up.start()
+        except (asyncio.CancelledError, Exception):
+            if state["signals"] and main is not None:
+                main.uncancel()  # the cancel was ours, on the signal: clean up normally
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(up.abandon())
+            if state["signals"]:
+                return FORCED_EXIT
+            raise
+        state["starting"] = False
+        await up.run()
+        return 0
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
