@@ -162,6 +162,8 @@ def shown(value: Any) -> str:
     """A default as ``--help`` and docs/operations.md show it."""
     if value is None:
         return "none"
+    if value == "":
+        return "app name"  # the group: empty means the topology's app name
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -305,9 +307,10 @@ def _cmd_rescale(args: argparse.Namespace) -> int:
     from pipeline.ops.rescale import rescale  # noqa: PLC0415
 
     topo = topology.load(args.topology)
-    state = Path(args.state_file or f".state/rescale-{topo.app}-{args.group}.json")
+    group = args.group or topo.app
+    state = Path(args.state_file or f".state/rescale-{topo.app}-{group}.json")
     print(f"rescaling {topo.topics.input} to {args.partitions} partitions (progress in {state})")
-    asyncio.run(rescale(args.bootstrap, topo, partitions=args.partitions, group=args.group, state_file=state))
+    asyncio.run(rescale(args.bootstrap, topo, partitions=args.partitions, group=group, state_file=state))
     print("done: start the workers (and restart the ingress) now")
     return 0
 
@@ -518,7 +521,9 @@ def _add_tool_commands(commands: Any) -> None:
     _common(rescale)
     rescale.add_argument("--partitions", type=int, required=True, help="the new partition count")
     rescale.add_argument(
-        "--group", default=_env("PIPELINE_GROUP", WORKER_DEFAULTS["group"]), help="the workers' group"
+        "--group",
+        default=_env("PIPELINE_GROUP", WORKER_DEFAULTS["group"]),
+        help="the workers' group (default: the topology's app name)",
     )
     rescale.add_argument(
         "--state-file", default=None, help="progress file (default .state/rescale-<app>-<group>.json)"

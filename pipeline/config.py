@@ -9,7 +9,7 @@ or, for a field the class requires, the :class:`Option`'s.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ class WorkerSettings:
     bootstrap: str
     topology: Path
     state_dir: Path
-    group: str = "webhook-dedupe"
+    group: str = ""  # empty: the topology's app name (see for_topology)
     metrics_port: int | None = None
     http_host: str = "127.0.0.1"  # where that port listens; 0.0.0.0 in Kubernetes (probes, Prometheus)
     commit_interval: float = 0.1  # seconds a transaction stays open at most
@@ -53,8 +53,8 @@ class WorkerSettings:
         problems = []
         if not self.bootstrap.strip():
             problems.append("bootstrap servers are empty")
-        if not self.group.strip():
-            problems.append("the consumer group is empty")
+        if self.group != self.group.strip():
+            problems.append(f"the consumer group {self.group!r} has leading or trailing spaces")
         if not 0 < self.commit_interval <= 60:
             problems.append(f"commit interval must be in (0, 60] seconds, got {self.commit_interval}")
         if self.max_batch < 1:
@@ -68,6 +68,10 @@ class WorkerSettings:
         problems += self._operational_problems()
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def for_topology(self, app: str) -> WorkerSettings:
+        """These settings with the group defaulted to the topology's app name, so topologies never share one."""
+        return self if self.group else replace(self, group=app)
 
     def _operational_problems(self) -> list[str]:
         problems = []
@@ -143,7 +147,9 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _BOOTSTRAP,
     _TOPOLOGY,
     _worker("state_dir", "where the RocksDB stores live", default=DEFAULT_STATE_DIR),
-    _worker("group", "consumer group (also part of every transactional id)"),
+    _worker(
+        "group", "consumer group, also part of every transactional id (default: the topology's app name)"
+    ),
     _worker("metrics_port", "serve /metrics, /healthz and the key lookups on this port, or none"),
     _worker("http_host", "the address the metrics port listens on (0.0.0.0 in a container)"),
     _worker("commit_interval", "longest a transaction stays open", ms=True),

@@ -74,7 +74,7 @@ class UpSettings:
     kafka_port: int = 9092
     ingress_port: int = 8080
     metrics_port: int = 9100
-    group: str = "webhook-dedupe"
+    group: str = ""  # empty: the topology's app name
     demo: bool = False
     demo_events: int = 120
 
@@ -127,7 +127,7 @@ class Up:
         for service in self._services:
             await service.start()
         base = f"http://127.0.0.1:{ingress.port}"
-        self.out(f"Worker        group {self.settings.group}, state in {self.settings.state_dir}")
+        self.out(f"Worker        group {worker.settings.group}, state in {self.settings.state_dir}")
         self.out(f"  metrics     http://127.0.0.1:{self.settings.metrics_port}/metrics")
         self.out(f"Ingress       {base}  (metrics {base}/metrics, health {base}/healthz, {base}/readyz)")
         for name in sorted(topo.sources):

@@ -64,7 +64,7 @@ class Worker:
     def __init__(
         self, settings: WorkerSettings, topology: Topology, *, metrics: WorkerMetrics | None = None
     ) -> None:
-        self.settings = settings
+        self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
         self._partitions: dict[TopicPartition, Partition] = {}

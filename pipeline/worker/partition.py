@@ -77,7 +77,7 @@ class Partition:
         self.tp = tp
         self.name = f"{tp.topic}-{tp.partition}"
         self.changelog = changelog
-        self.settings = settings
+        self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.classifier = classifier
         self.outputs = outputs

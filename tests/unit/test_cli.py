@@ -101,7 +101,7 @@ def test_the_flag_overrides_the_variable(command: str, field: str, monkeypatch: 
     if argv[0].startswith("--no-") or len(argv) == 1:  # a switch: turn it back to its default
         back = [f"--no-{option.flag[2:]}" if not getattr(default, field) else option.flag]
     else:
-        back = [option.flag, default_text if default_text != "none" else ""]
+        back = [option.flag, "" if getattr(default, field) in (None, "") else default_text]
     assert getattr(_settings(command, *back), field) == getattr(default, field)
     assert getattr(_settings(command, *argv), field) == expected
 

@@ -46,7 +46,7 @@ def test_settings_are_immutable() -> None:
     ("changes", "message"),
     [
         ({"bootstrap": " "}, "bootstrap servers are empty"),
-        ({"group": ""}, "consumer group is empty"),
+        ({"group": " g"}, "leading or trailing spaces"),
         ({"commit_interval": 0.0}, "commit interval"),
         ({"commit_interval": 61.0}, "commit interval"),
         ({"max_batch": 0}, "max batch"),
@@ -139,3 +139,11 @@ def test_bootstrap_default_is_shared() -> None:
     assert worker["bootstrap"] == ingress["bootstrap"]
     assert worker["bootstrap"].default == DEFAULT_BOOTSTRAP
     assert worker["topology"].to_flag(worker["topology"].default) == "topologies/default.toml"
+
+
+def test_an_empty_group_defaults_to_the_topology_app_name() -> None:
+    """No group given: the worker joins the group named after the topology's app, so topologies never share one."""
+    settings = WorkerSettings(bootstrap="b", topology=Path("t.toml"), state_dir=Path("s"))
+    assert settings.for_topology("shop").group == "shop"
+    named = WorkerSettings(bootstrap="b", topology=Path("t.toml"), state_dir=Path("s"), group="g")
+    assert named.for_topology("shop").group == "g"

@@ -39,7 +39,7 @@ from .fakes import (
 )
 
 S = PartitionState
-GROUP = "webhook-dedupe"
+GROUP = "webhooks"  # the default topology's app name: the default group
 TP0, TP1, TP2 = tp(0), tp(1), tp(2)
 BUCKET_MS = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
 

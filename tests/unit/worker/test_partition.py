@@ -55,7 +55,7 @@ from .fakes import (
 )
 
 S = PartitionState
-GROUP = "webhook-dedupe"
+GROUP = "webhooks"  # the default topology's app name: the default group
 TP0 = tp(0)
 K = keys_for(0, 12)  # keys owned by input partition 0: never rerouted
 Opener = Callable[..., Awaitable[Harness]]
