@@ -1,7 +1,9 @@
 """DLQ records, and the size of any record on the wire: a DLQ record always fits its topic.
 
 A DLQ record carries the original record (its body twice: as text and in
-base64) with the error and the reason. When that would not fit the DLQ
+base64; its headers as text and, byte for byte, in ``headers_base64``) with the
+error and the reason, so ``pipeline dlq replay`` can produce the original again
+(marked with :data:`REPLAYED_FROM_HEADER`). When that would not fit the DLQ
 topic's limit, the body is truncated and the record carries its length and
 sha256 instead (``truncated``, ``value_bytes``, ``value_sha256``), so bad input
 can never block a partition.
@@ -17,6 +19,9 @@ from typing import Any
 import orjson
 
 from pipeline.contract import Delivery, Headers, dumps_safe, json_safe
+
+#: The header of a record ``pipeline dlq replay`` produced again: ``<dlq topic>:<partition>:<offset>``.
+REPLAYED_FROM_HEADER = "replayed-from"
 
 #: Bytes a record takes on the wire beyond its key, value and headers, at most (aiokafka's
 #: batch header and record overhead, and the length prefixes of key, value and header count).
@@ -52,7 +57,7 @@ def dlq_value(delivery: Delivery, *, error: str, reason: str, max_bytes: int | N
     :data:`DLQ_MIN_MAX_BYTES`), the value is at most ``max_bytes - DLQ_HEADROOM - len(key)``
     bytes, so it fits a record of ``max_bytes`` keyed by the delivery's key (a key longer than
     ``max_bytes - DLQ_MIN_MAX_BYTES`` does not fit, whatever the value). A record that would be
-    larger drops the value text, cuts ``value_base64`` to a prefix of the body and adds
+    larger drops the value text and ``headers_base64``, cuts ``value_base64`` to a prefix of the body and adds
     ``truncated``, ``value_bytes`` and ``value_sha256`` (of the whole body); when the headers
     are too large too, their names and values are cut (``headers_truncated``), and an overlong
     key text is cut (``key_truncated``).
@@ -79,10 +84,22 @@ def dlq_value(delivery: Delivery, *, error: str, reason: str, max_bytes: int | N
         text: str | None = body.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    full = dumps_safe({**record, "value": text, "value_base64": base64.b64encode(body).decode()})
+    full = dumps_safe(
+        {
+            **record,
+            "value": text,
+            "value_base64": base64.b64encode(body).decode(),
+            "headers_base64": headers_base64(delivery.raw_headers),
+        }
+    )
     if budget is None or len(full) <= budget:
         return full
     return _dlq_truncated(record, body, budget)
+
+
+def headers_base64(headers: Headers) -> list[tuple[str, str | None]]:
+    """Every header as ``(name, base64 of the value or None)``: order, case and repeats kept."""
+    return [(name, None if raw is None else base64.b64encode(raw).decode()) for name, raw in headers]
 
 
 def _dlq_truncated(record: dict[str, Any], body: bytes, budget: int) -> bytes:

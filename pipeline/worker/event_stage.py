@@ -14,6 +14,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
+from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.errors import RecordTooLargeError
 from pipeline.state.decision import Outcome, decide, fingerprint
 from pipeline.state.transaction import Header, PartitionTransaction
@@ -67,6 +68,19 @@ class _Rule:
 
 
 ROUTE_CACHE_SIZE = 4096
+
+
+def replayed_from(delivery: Delivery) -> dict[str, str]:
+    """``{"replayed_from": <header>}`` for a record ``pipeline dlq replay`` produced, else empty.
+
+    A scan of the raw header names (exact, as the replay writes it) first: the decoded
+    header mapping costs, and only replayed records need it.
+    """
+    for name, _ in delivery.raw_headers:
+        if name == REPLAYED_FROM_HEADER:
+            value = delivery.headers.get(REPLAYED_FROM_HEADER)
+            return {} if value is None else {"replayed_from": value}
+    return {}
 
 
 class EventStage:
@@ -209,6 +223,7 @@ class EventStage:
             extra["dropped_by_route"] = True
         if target.effect_key is not None:
             extra["effect_key"] = target.effect_key
+        extra.update(replayed_from(delivery))
         if outcome is Outcome.CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
@@ -269,7 +284,7 @@ class EventStage:
             outcome=Outcome.REROUTED.value,
             first_seen_at=None,
             source=item.source,
-            extra={"to_partition": item.partition},
+            extra={"to_partition": item.partition, **replayed_from(delivery)},
         )
         log.info(
             "%s key=%s offset=%s rerouted to partition %s",
@@ -281,5 +296,12 @@ class EventStage:
         self.recorder.outcome(item.source, Outcome.REROUTED.value)
 
     def _invalid(self, delivery: Delivery, item: Invalid) -> None:
-        self.emit.dlq(delivery, reason=item.reason, error=item.error, key=item.key, source=item.source)
+        self.emit.dlq(
+            delivery,
+            reason=item.reason,
+            error=item.error,
+            key=item.key,
+            source=item.source,
+            extra=replayed_from(delivery),
+        )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
