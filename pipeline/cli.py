@@ -229,6 +229,39 @@ def ingress_settings(args: argparse.Namespace) -> IngressSettings:
 
 def _add_worker_settings(parser: _Parser) -> None:
     _add_settings(parser, WorkerSettings, WORKER_OPTIONS)
+    # Not a WorkerSettings field: how many workers this command runs, not how one runs.
+    parser.add_argument(
+        PROCESSES.flag,
+        dest=PROCESSES.dest,
+        type=parse_processes,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help=f"{PROCESSES.help} (env {PROCESSES.env}; default 1)",
+    )
+    parser.settings.append(_Setting(PROCESSES, parse_processes, 1))
+
+
+PROCESSES = Option(
+    "processes",
+    "--processes",
+    "PIPELINE_PROCESSES",
+    "run N worker processes in one group under a supervisor that restarts a crashed one "
+    "(auto: one per CPU); each gets <state-dir>/proc-<i>, metrics port + i and <instance-id>-<i>",
+)
+
+
+def parse_processes(text: str) -> int:
+    """``--processes``: a count from 1 to 256, or ``auto`` (one per CPU)."""
+    word = text.strip().lower()
+    if word == "auto":
+        return max(1, min(os.cpu_count() or 1, 256))
+    try:
+        count = int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a process count or auto") from None
+    if not 1 <= count <= 256:
+        raise argparse.ArgumentTypeError(f"{count} is not in [1, 256]")
+    return count
 
 
 def _add_ingress_settings(parser: _Parser) -> None:
@@ -267,6 +300,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     topo = topology.load(settings.topology, os.environ)
     credentials.require_secrets(topo, topology.Verify.WORKER)
     check_bootstrap(settings.bootstrap)
+    if args.processes > 1:
+        from pipeline.worker.supervisor import Supervisor, child_specs  # noqa: PLC0415
+
+        specs = child_specs(settings.for_topology(topo.app), args.processes, log_level=args.log_level)
+        return asyncio.run(_run_service(Supervisor(specs)))
     try:
         return asyncio.run(_run_service(Worker(settings, topo)))
     except KafkaError as exc:  # one the worker did not turn into a PipelineError itself
