@@ -16,6 +16,7 @@ from typing import Any
 from pipeline.errors import ConfigError
 
 MIB = 1024 * 1024
+COMMIT_POLICIES = ("caught-up", "interval")
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TOPOLOGY = Path("topologies/default.toml")
 DEFAULT_STATE_DIR = Path(".state/worker")
@@ -33,6 +34,9 @@ class WorkerSettings:
     http_host: str = "127.0.0.1"  # where that port listens; 0.0.0.0 in Kubernetes (probes, Prometheus)
     commit_interval: float = 0.1  # seconds a transaction stays open at most
     max_batch: int = 2000  # a transaction commits once it holds this many input records
+    # "caught-up": commit a partition as soon as it has handled everything fetched and reached the
+    # end of its log (low latency at low load); "interval": only at commit_interval or max_batch.
+    commit_policy: str = "caught-up"
     restore_progress_every: float = 5.0  # seconds between restore progress lines
     session_timeout_ms: int = 10_000  # how long a silent (crashed, stopped) worker keeps its partitions
     instance_id: str | None = (
@@ -59,6 +63,10 @@ class WorkerSettings:
             problems.append(f"commit interval must be in (0, 60] seconds, got {self.commit_interval}")
         if self.max_batch < 1:
             problems.append(f"max batch must be at least 1, got {self.max_batch}")
+        if self.commit_policy not in COMMIT_POLICIES:
+            problems.append(
+                f"commit policy must be one of {', '.join(COMMIT_POLICIES)}, got {self.commit_policy!r}"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             problems.append(f"metrics port must be in [0, 65535], got {self.metrics_port}")
         if not self.http_host.strip():
@@ -154,6 +162,11 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker("http_host", "the address the metrics port listens on (0.0.0.0 in a container)"),
     _worker("commit_interval", "longest a transaction stays open", ms=True),
     _worker("max_batch", "input records after which a transaction commits"),
+    _worker(
+        "commit_policy",
+        "caught-up: commit a partition as soon as it reached the end of its log (low latency); "
+        "interval: only every commit interval or max batch (fewer, larger transactions)",
+    ),
     _worker("restore_progress_every", "seconds between two restore progress lines"),
     _worker("session_timeout_ms", "how long a silent (crashed, stopped) worker keeps its partitions"),
     _worker(

@@ -184,9 +184,23 @@ class Worker:
                 self._backpressure(part)
                 if part.queue or part.txn is not None:
                     self._observe_lag(part)
+        if self.settings.commit_policy == "caught-up":
+            for tp, part in self._partitions.items():
+                part.caught_up = self._caught_up(consumer, part, fetched=tp in batches)
         self._commit_due()
         await self._reap()
         self._watch()
+
+    @staticmethod
+    def _caught_up(consumer: AIOKafkaConsumer, part: Partition, *, fetched: bool) -> bool:
+        """Nothing of ``part`` waits: its fetch came back empty, or it handled up to the log's stable end."""
+        txn = part.txn
+        if part.queue or txn is None or not txn.in_transaction:
+            return False
+        if not fetched:
+            return True
+        end = consumer.last_stable_offset(part.tp)
+        return end is not None and txn.next_offset is not None and txn.next_offset >= end
 
     def _backpressure(self, part: Partition) -> None:
         """Pause a partition whose queue reached ``max_batch``; resume it once the queue drains."""

@@ -88,6 +88,7 @@ class Partition:
         self.queue: list[Any] = []  # fetched, not yet handled (held while a commit runs)
         self.generation = 0  # moves at every seek: records fetched before it are stale
         self.rewound_to = 0  # where the last seek moved the consumer (the loop keeps it)
+        self.caught_up = False  # everything fetched is handled and the log's end reached (the loop says)
         self.poison = PoisonTracker(self.name)
         self.progress_at = time.monotonic()  # last commit, or last moment with nothing to do
         self.disk_measured_at = 0.0
@@ -119,6 +120,8 @@ class Partition:
             return False
         limit = self.poison.limit
         if limit is not None and txn.records >= limit:
+            return True
+        if self.caught_up and not self.queue:
             return True
         return txn.due(interval=self.settings.commit_interval, max_records=self.settings.max_batch)
 

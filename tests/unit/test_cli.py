@@ -49,6 +49,9 @@ def _settings(command: str, *argv: str) -> Any:
     return build(build_parser().parse_args([command, *argv]))
 
 
+OTHER_TEXT = {"commit_policy": "interval"}  # fields whose text must be one of a few words
+
+
 def _other_value(command: str, field: str) -> tuple[list[str], str, Any]:
     """A valid non-default value: (flag arguments, variable text, expected field value)."""
     settings_class, options, _ = COMMANDS[command]
@@ -62,7 +65,7 @@ def _other_value(command: str, field: str) -> tuple[list[str], str, Any]:
     if kind in {int, float}:
         value = 9101 if default is None else default + 1
         return [option.flag, str(value)], str(value), option.to_field(value)
-    text = f"other-{field}"
+    text = OTHER_TEXT.get(field, f"other-{field}")
     return [option.flag, text], text, Path(text) if kind is Path else text
 
 

@@ -425,6 +425,9 @@ class FakeConsumer:
         log = self.logs[partition]
         return log[-1].offset + 1 if log else 0
 
+    def last_stable_offset(self, partition: TopicPartition) -> int:
+        return self.highwater(partition)  # no open transactions in a fake log
+
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:

@@ -110,7 +110,8 @@ async def start_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Async
     ) -> Running:
         consumer = FakeConsumer(assign=assign, committed=committed, logs=logs)
         clients = install(monkeypatch, producers=ProducerFactory(), restore=restore, consumer=consumer)
-        values = {"commit_interval": 60.0, "open_timeout": 5.0, **overrides}
+        # transactions stay open until the test acts, unless it asks for another policy
+        values = {"commit_interval": 60.0, "commit_policy": "interval", "open_timeout": 5.0, **overrides}
         worker = Worker(settings(tmp_path, **values), TOPOLOGY)
         await worker.start()
         running = Running(worker, clients)
@@ -308,3 +309,15 @@ async def test_a_revoked_partition_commits_its_open_transaction_before_the_callb
     assert part.state is S.CLOSED
     assert TP0 not in w.worker._partitions
     await w.stop()
+
+
+async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the_end_of_its_log(
+    start_worker: Starter,
+) -> None:
+    """commit_policy=caught-up: three records handled, nothing more to fetch: committed at once, not after the 60 s interval."""
+    w = await start_worker(assign={TP0}, logs=_logs(3), commit_policy="caught-up")
+    w.run()
+    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
+    producer = w.clients.producers.of(0)
+    await eventually(lambda: producer.offsets == [(tp(0), 3, GROUP)])
+    assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 3)
