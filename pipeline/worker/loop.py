@@ -37,12 +37,12 @@ from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.observe import forget_partition, observe_lag, observe_store
 from pipeline.worker.partition import Partition
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-DISK_MEASURE_EVERY = 10.0  # seconds between walks of a store's files
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -183,7 +183,7 @@ class Worker:
                 await part.work()
                 self._backpressure(part)
                 if part.queue or part.txn is not None:
-                    self._observe_lag(part)
+                    observe_lag(self.metrics, self._require(self._consumer), part)
         if self.settings.commit_policy == "caught-up":
             for tp, part in self._partitions.items():
                 part.caught_up = self._caught_up(consumer, part, fetched=tp in batches)
@@ -224,14 +224,6 @@ class Worker:
         if tp in consumer.assignment():
             consumer.seek(tp, offset)
 
-    def _observe_lag(self, part: Partition) -> None:
-        txn = part.txn
-        highwater = self._require(self._consumer).highwater(part.tp)
-        if highwater is not None and txn is not None and txn.next_offset is not None:
-            self.metrics.lag.labels(part.tp.topic, str(part.tp.partition)).set(
-                max(highwater - txn.next_offset, 0)
-            )
-
     def _commit_due(self) -> None:
         """Commit each due partition in the background; the loop goes on with the others meanwhile."""
         for tp, part in self._partitions.items():
@@ -243,22 +235,11 @@ class Worker:
         try:
             await part.commit()
             if part.serving and part.store is not None:
-                self._observe_store(part)
+                observe_store(self.metrics, part)
             self._backpressure(part)
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]
-
-    def _observe_store(self, part: Partition) -> None:
-        store = part.store
-        if store is None:
-            return
-        labels = f"{part.tp.topic}-{part.tp.partition}"
-        self.metrics.store_keys.labels(labels).set(store.key_count())
-        now = time.monotonic()
-        if now - part.disk_measured_at > DISK_MEASURE_EVERY:
-            part.disk_measured_at = now
-            self.metrics.store_bytes.labels(labels).set(store.disk_bytes())
 
     async def _reap(self) -> None:
         """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""
@@ -405,19 +386,8 @@ class Worker:
                 await task
         async with part.lock:
             await part.close(commit=commit)
-        self._forget_gauges(tp)
+        forget_partition(self.metrics, tp)
         self.metrics.partitions.set(len(self._partitions))
-
-    def _forget_gauges(self, tp: TopicPartition) -> None:
-        """Stop reporting a partition this worker no longer owns."""
-        for gauge, labels in (
-            (self.metrics.lag, (tp.topic, str(tp.partition))),
-            (self.metrics.restore_remaining, (tp.topic, str(tp.partition))),
-            (self.metrics.store_keys, (f"{tp.topic}-{tp.partition}",)),
-            (self.metrics.store_bytes, (f"{tp.topic}-{tp.partition}",)),
-        ):
-            with contextlib.suppress(KeyError):  # never reported
-                gauge.remove(*labels)
 
     @staticmethod
     def _require(value: _T | None) -> _T:
