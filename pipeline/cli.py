@@ -35,6 +35,7 @@ from pipeline.service import Service
 
 if TYPE_CHECKING:
     from pipeline.ingress.server import IngressSettings
+    from pipeline.ops.dlq_records import DlqFilter
 
 Handler = Callable[[argparse.Namespace], int]
 # The cyclic GC's first generation runs every 700 allocations by default. A
@@ -450,6 +451,66 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if report.known else 3
 
 
+def _since(text: str) -> int:
+    """``--since`` as ms since the epoch: a duration back from now, or a time (a usage error otherwise)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from pipeline.ops.dlq_records import parse_since  # noqa: PLC0415
+
+    try:
+        return parse_since(text, now=datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dlq_filter(args: argparse.Namespace) -> DlqFilter:
+    from pipeline.ops.dlq_records import DlqFilter, reasons_of  # noqa: PLC0415
+
+    return DlqFilter(reasons=reasons_of(args.reason), key=args.key, since_ms=args.since)
+
+
+def _cmd_dlq_list(args: argparse.Namespace) -> int:
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ops.dlq import list_dlq  # noqa: PLC0415
+    from pipeline.ops.dlq_records import summary  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    flt = _dlq_filter(args)
+    counts = asyncio.run(list_dlq(args.bootstrap, topo.topics.dlq, flt, out=sys.stdout, as_json=args.json))
+    print(summary(counts), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _cmd_dlq_replay(args: argparse.Namespace) -> int:
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ops.dlq import ProgressLine, replay  # noqa: PLC0415
+    from pipeline.ops.dlq_records import summary  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    progress = ProgressLine(sys.stderr)
+    report = asyncio.run(
+        replay(
+            args.bootstrap,
+            topo,
+            _dlq_filter(args),
+            dry_run=args.dry_run,
+            out=sys.stdout,
+            progress=progress,
+        )
+    )
+    if progress.shown and sys.stderr.isatty():
+        print(file=sys.stderr)
+    verb = "would replay" if args.dry_run else "replayed"
+    print(f"{verb} {summary(report.replayed)} to {topo.topics.input}; skipped {len(report.skipped)}")
+    if report.skipped:
+        print(
+            f"pipeline: {len(report.skipped)} DLQ records cannot be replayed (the 'skip' lines say why)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(prog="pipeline", description=__doc__.splitlines()[1] if __doc__ else None)
@@ -482,7 +543,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_service_commands(commands)
     _add_tool_commands(commands)
+    _add_dlq_commands(commands)
     return parser
+
+
+def _add_dlq_commands(commands: Any) -> None:
+    """``dlq list`` and ``dlq replay``."""
+    dlq = commands.add_parser("dlq", help="what the DLQ holds, and replaying it once the cause is fixed")
+    actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="one line per DLQ record and a count per reason")
+    replay = actions.add_parser(
+        "replay", help="produce the original records again to the input topic (deduped as usual)"
+    )
+    for parser in (listing, replay):
+        _common(parser)
+        parser.add_argument(
+            "--reason",
+            action="append",
+            help="only this reason, e.g. bad-signature or unknown-source (repeat or comma-separate)",
+        )
+        parser.add_argument("--key", help="only this key; 'stripe:*' takes a prefix")
+        parser.add_argument(
+            "--since",
+            type=_since,
+            help="only records from this time on: '2h', '3d', or '2026-11-30T10:00' (UTC unless it names an offset)",
+        )
+    listing.add_argument("--json", action="store_true", help="print JSON lines (the summary goes to stderr)")
+    listing.set_defaults(handler=_cmd_dlq_list)
+    replay.add_argument(
+        "--dry-run", action="store_true", help="print what would be replayed, produce nothing"
+    )
+    replay.set_defaults(handler=_cmd_dlq_replay)
 
 
 def _add_service_commands(commands: Any) -> None:

@@ -1,0 +1,182 @@
+"""``pipeline dlq list`` and ``pipeline dlq replay`` against the real broker: redrive after the cause is fixed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from pipeline.kafka import owner_partition
+from pipeline.providers.signing import sign
+from tests.integration.harness import (
+    ROOT,
+    Env,
+    command_counts,
+    read_committed,
+    wait_for_audit,
+    write_topology,
+)
+
+pytestmark = pytest.mark.broker
+
+MakeEnv = Callable[..., Any]
+SECRET = "gh-dlq-replay-secret"
+
+
+def _cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "dlq",
+            *args,
+            "--bootstrap",
+            env.bootstrap,
+            "--topology",
+            str(env.topology_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def _github(delivery_id: str, secret: str) -> tuple[bytes, bytes, list[tuple[str, bytes]], None, int]:
+    """A GitHub push as the ingress writes it: key, body, contract headers and the signed HTTP headers."""
+    body = orjson.dumps({"ref": "refs/heads/main", "after": delivery_id})
+    received = int(time.time() * 1000)
+    signed = sign("github", body, secret, timestamp=received / 1000, msg_id=delivery_id, event_type="push")
+    headers = [("source", b"github"), ("received-at", str(received).encode())]
+    headers += [(f"http-{name.lower()}", value.encode()) for name, value in signed.items()]
+    headers.append(("http-x-latin1", b"caf\xe9"))  # not UTF-8: must survive the DLQ byte for byte
+    return (f"github:{delivery_id}".encode(), body, headers, None, received)
+
+
+async def _records(env: Env, topic: str) -> list[Any]:
+    return await read_committed(env.bootstrap, topic, idle=1.0)
+
+
+async def _wait_commands(env: Env, expected: int, timeout: float = 60.0) -> Counter[str]:
+    """Wait until the command topic holds ``expected`` records (and a little longer, to see extras)."""
+    deadline = time.monotonic() + timeout
+    counts: Counter[str] = Counter()
+    while time.monotonic() < deadline:
+        counts = command_counts(await _records(env, env.topo.topics.commands))
+        if sum(counts.values()) >= expected:
+            break
+        await asyncio.sleep(0.5)
+    return counts
+
+
+async def test_replay_after_the_secret_is_fixed_gives_each_event_one_command(pipeline_env: MakeEnv) -> None:
+    """Bad signatures are replayed once the right secret is set: one command each, however often replayed."""
+    variable = f"DLQ_REPLAY_GH_{os.getpid()}_{time.monotonic_ns()}"
+    env: Env = await pipeline_env(secrets={"github": variable}, verify="worker")
+    ids = ["d-1", "d-2", "d-3"]
+    os.environ[variable] = "a-stale-secret"
+    try:
+        env.start_worker("stale")
+        await env.produce([_github(i, SECRET) for i in [*ids, "d-1"]])
+        audit = await wait_for_audit(env, 4)
+    finally:
+        env.stop_all()
+        os.environ[variable] = SECRET
+    assert sorted(a.get("reason") for a in audit) == ["bad-signature"] * 4
+
+    listed = _cli(env, "list", "--reason", "bad-signature")
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == 5
+    assert listed.stdout.splitlines()[-1] == "4 records: bad-signature 4"
+    as_json = _cli(env, "list", "--json", "--key", "github:d-2")
+    assert [orjson.loads(line)["key"] for line in as_json.stdout.splitlines()] == ["github:d-2"]
+
+    try:
+        env.start_worker("fixed")
+        await env.produce([_github("d-3", SECRET)])  # the provider delivered d-3 again meanwhile
+        await wait_for_audit(env, 5)
+
+        dry = _cli(env, "replay", "--reason", "bad-signature", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stdout.count(f"would replay {env.topo.topics.dlq}:") == 4
+        assert "would replay 4 records: bad-signature 4" in dry.stdout
+        assert len(await _records(env, env.topo.topics.input)) == 5  # the dry run produced nothing
+
+        first = _cli(env, "replay", "--reason", "bad-signature")
+        assert first.returncode == 0, first.stderr
+        assert "replayed 4 records: bad-signature 4" in first.stdout
+        audit = await wait_for_audit(env, 9)
+        second = _cli(env, "replay", "--reason", "bad-signature")
+        assert second.returncode == 0, second.stderr
+        audit = await wait_for_audit(env, 13)
+    finally:
+        del os.environ[variable]
+
+    assert await _wait_commands(env, 3) == Counter({f"github:{i}": 1 for i in ids})
+    dlq = await _records(env, env.topo.topics.dlq)
+    assert len(dlq) == 4  # nothing replayed failed again
+    replayed = [a for a in audit if "replayed_from" in a]
+    assert len(replayed) == 8
+    assert Counter(a["outcome"] for a in replayed) == Counter({"first": 2, "duplicate": 6})
+    assert {a["replayed_from"] for a in replayed} == {
+        f"{env.topo.topics.dlq}:{r.partition}:{r.offset}" for r in dlq
+    }
+    inputs = await _records(env, env.topo.topics.input)
+    replays = [r for r in inputs if "replayed-from" in dict(r.headers)]
+    assert len(replays) == 8
+    for record in replays:  # the original bytes, on the key's partition
+        assert record.partition == owner_partition(record.key, env.topo.topics.partitions)
+        assert ("http-x-latin1", b"caf\xe9") in record.headers
+
+
+async def test_replay_after_the_topology_is_corrected_skips_what_it_cannot_rebuild(
+    pipeline_env: MakeEnv,
+) -> None:
+    """Unknown-source records get their commands once the source exists; a truncated record is skipped and counted."""
+    env: Env = await pipeline_env()
+    env.start_worker("before")
+    shop = [("source", b"shopify")]
+    await env.produce(
+        [(f"shopify:ev-{i}".encode(), orjson.dumps({"id": i}), shop, None, None) for i in range(3)]
+        + [(b"stripe:evt_junk", b"not json", [("source", b"stripe")], None, None)]
+    )
+    await wait_for_audit(env, 4)
+    env.stop_all()
+    truncated = {
+        "reason": "unknown-source",
+        "topic": env.topo.topics.input,
+        "truncated": True,
+        "key": "x",
+        "value_bytes": 2_000_000,
+    }
+    producer = AIOKafkaProducer(bootstrap_servers=env.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(env.topo.topics.dlq, orjson.dumps(truncated), key=b"x")
+    finally:
+        await producer.stop()
+
+    app = env.topo.app
+    extra = '[sources.shopify]\nprovider = "shopify"\nverify = "none"\nttl = "7d"\n'
+    write_topology(env.topology_path, app, extra=extra)
+    env.start_worker("after")
+    result = _cli(env, "replay", "--reason", "unknown-source", "--since", "1h")
+    assert result.returncode == 1
+    assert "replayed 3 records: unknown-source 3" in result.stdout
+    assert "truncated" in next(line for line in result.stdout.splitlines() if line.startswith("skip "))
+    assert result.stderr.strip().splitlines()[-1].startswith("pipeline: 1 DLQ records cannot be replayed")
+    assert await _wait_commands(env, 3) == Counter({f"shopify:ev-{i}": 1 for i in range(3)})
+    audit = await wait_for_audit(env, 7)
+    assert sum("replayed_from" in a for a in audit) == 3
+    assert not any(a.get("key") == "stripe:evt_junk" and "replayed_from" in a for a in audit)
