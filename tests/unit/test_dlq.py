@@ -1,0 +1,219 @@
+"""``pipeline dlq``'s pure parts: ``--since``, filters, rebuilding the original record, printing."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+
+from pipeline.contract import Delivery
+from pipeline.dead_letter import REPLAYED_FROM_HEADER, dlq_value
+from pipeline.ops.dlq_records import (
+    DlqEntry,
+    DlqFilter,
+    NotReplayableError,
+    entry_json,
+    entry_line,
+    parse_entry,
+    parse_since,
+    reasons_of,
+    rebuild,
+    summary,
+)
+from pipeline.worker.emitter import MAX_DLQ_KEY_BYTES
+from pipeline.worker.event_stage import replayed_from
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
+INPUT, DLQ = "webhooks.raw", "webhooks.dlq"
+HEADERS: list[tuple[str, bytes | None]] = [
+    ("source", b"github"),
+    ("received-at", b"1790000000000"),
+    ("http-x-hub-signature-256", b"sha256=ab"),
+    ("HTTP-X-Latin1", b"caf\xe9"),
+    ("http-x-empty", None),
+    ("http-x-twice", b"1"),
+    ("http-x-twice", b"2"),
+]
+
+
+def _delivery(
+    headers: list[tuple[str, bytes | None]] = HEADERS,
+    *,
+    key: bytes | None = b"github:d-1",
+    value: bytes = b"{}",
+) -> Delivery:
+    return Delivery(INPUT, 2, 41, 1_790_000_000_000, key, value, tuple(headers))
+
+
+def _entry(delivery: Delivery, *, reason: str = "bad-signature", max_bytes: int | None = None) -> DlqEntry:
+    """The DLQ record the emitter writes for ``delivery``, as ``dlq`` reads it back (at DLQ offset 7)."""
+    key = delivery.key
+    if key is not None and len(key) > MAX_DLQ_KEY_BYTES:
+        key = b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+    value = dlq_value(delivery, error="no signature matched", reason=reason, max_bytes=max_bytes)
+    return parse_entry(0, 7, delivery.timestamp, key, value)
+
+
+# --- --since
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2h", datetime(2026, 11, 30, 10, 0, tzinfo=UTC)),
+        ("3d", datetime(2026, 11, 27, 12, 0, tzinfo=UTC)),
+        ("90m", datetime(2026, 11, 30, 10, 30, tzinfo=UTC)),
+        ("2026-11-30T10:00", datetime(2026, 11, 30, 10, 0, tzinfo=UTC)),
+        ("2026-11-30", datetime(2026, 11, 30, tzinfo=UTC)),
+        ("2026-11-30T10:00:00Z", datetime(2026, 11, 30, 10, 0, tzinfo=UTC)),
+        ("2026-11-30T11:00+01:00", datetime(2026, 11, 30, 10, 0, tzinfo=UTC)),
+    ],
+)
+def test_since_takes_a_duration_back_from_now_or_a_time_in_utc(text: str, expected: datetime) -> None:
+    """A duration counts back from now; a time without an offset is UTC."""
+    assert parse_since(text, now=NOW) == int(expected.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "-2h", "2x", "2026-13-01"])
+def test_since_refuses_what_is_neither_in_one_line(text: str) -> None:
+    """Anything else is a ValueError naming both accepted forms."""
+    with pytest.raises(ValueError, match="duration") as caught:
+        parse_since(text, now=NOW)
+    assert "\n" not in str(caught.value)
+
+
+# --- filters
+
+
+def test_the_filter_takes_reasons_keys_prefixes_and_times() -> None:
+    """Each given condition must hold; none given takes everything."""
+    entry = _entry(_delivery())
+    assert DlqFilter().matches(entry)
+    assert DlqFilter(reasons=frozenset({"bad-signature", "bad-body"})).matches(entry)
+    assert not DlqFilter(reasons=frozenset({"unknown-source"})).matches(entry)
+    assert DlqFilter(key="github:d-1").matches(entry)
+    assert DlqFilter(key="github:*").matches(entry)
+    assert not DlqFilter(key="github:d").matches(entry)
+    assert not DlqFilter(key="stripe:*").matches(entry)
+    assert DlqFilter(since_ms=entry.timestamp).matches(entry)
+    assert not DlqFilter(since_ms=entry.timestamp + 1).matches(entry)
+
+
+def test_reasons_may_repeat_and_be_comma_separated() -> None:
+    """``--reason a,b --reason c`` is three reasons; nothing given is none."""
+    assert reasons_of(["bad-signature, unknown-source", "bad-body", ""]) == {
+        "bad-signature",
+        "unknown-source",
+        "bad-body",
+    }
+    assert reasons_of(None) == frozenset()
+
+
+# --- rebuilding the original
+
+
+def test_a_dlq_record_rebuilds_the_original_byte_for_byte() -> None:
+    """Key, body and every header (non-UTF-8, repeated, without a value, in order) come back, plus replayed-from."""
+    body = b'{"ref": "refs/heads/main"}\xff'
+    original = rebuild(_entry(_delivery(value=body)), dlq_topic=DLQ, input_topic=INPUT)
+    assert original.key == b"github:d-1"
+    assert original.value == body
+    assert original.headers == [*HEADERS, (REPLAYED_FROM_HEADER, b"webhooks.dlq:0:7")]
+    assert (original.timestamp, original.partition) == (1_790_000_000_000, 2)
+
+
+def test_a_replayed_record_that_failed_again_names_only_its_latest_dlq_record() -> None:
+    """An earlier replayed-from header is replaced, not repeated."""
+    delivery = _delivery([*HEADERS, (REPLAYED_FROM_HEADER, b"webhooks.dlq:3:1")])
+    original = rebuild(_entry(delivery), dlq_topic=DLQ, input_topic=INPUT)
+    assert [v for n, v in original.headers if n == REPLAYED_FROM_HEADER] == [b"webhooks.dlq:0:7"]
+
+
+def test_a_key_longer_than_the_dlq_key_limit_is_restored_from_its_text() -> None:
+    """The DLQ record's key is a sha256 stand-in; the key text restores the original when it matches."""
+    long_key = b"github:" + b"k" * (MAX_DLQ_KEY_BYTES + 1)
+    original = rebuild(_entry(_delivery(key=long_key)), dlq_topic=DLQ, input_topic=INPUT)
+    assert original.key == long_key
+
+
+def test_a_key_that_is_not_utf8_comes_from_the_record_key() -> None:
+    """The key text is lossy then; the DLQ record's own key holds the bytes."""
+    original = rebuild(_entry(_delivery(key=b"github:\xff")), dlq_topic=DLQ, input_topic=INPUT)
+    assert original.key == b"github:\xff"
+
+
+def test_a_keyless_record_stays_keyless() -> None:
+    """No key in, no key out; it goes back to its partition and the worker derives the key."""
+    original = rebuild(_entry(_delivery(key=None)), dlq_topic=DLQ, input_topic=INPUT)
+    assert (original.key, original.partition) == (None, 2)
+
+
+def test_an_older_dlq_record_without_headers_base64_uses_the_header_text() -> None:
+    """Records written before headers_base64 replay from ``headers``, unless a value was not UTF-8."""
+    value = orjson.loads(dlq_value(_delivery(HEADERS[:3]), error="e", reason="bad-signature"))
+    del value["headers_base64"]
+    old = DlqEntry(0, 7, 1, b"github:d-1", value)
+    assert rebuild(old, dlq_topic=DLQ, input_topic=INPUT).headers[:3] == HEADERS[:3]
+    lossy = orjson.loads(dlq_value(_delivery(), error="e", reason="bad-signature"))
+    del lossy["headers_base64"]
+    with pytest.raises(NotReplayableError, match="not UTF-8"):
+        rebuild(DlqEntry(0, 7, 1, b"github:d-1", lossy), dlq_topic=DLQ, input_topic=INPUT)
+
+
+def test_a_truncated_record_cannot_be_replayed() -> None:
+    """Only a prefix of its body is kept: refused, naming the body's size."""
+    entry = _entry(_delivery(value=b"x" * 10_000), max_bytes=4096)
+    assert entry.truncated
+    with pytest.raises(NotReplayableError, match=r"truncated.*10000-byte body"):
+        rebuild(entry, dlq_topic=DLQ, input_topic=INPUT)
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (b"not json", "not a DLQ record"),
+        (b'{"topic": "app-effects", "value_base64": ""}', "not from the input topic"),
+        (b'{"topic": "webhooks.raw", "value_base64": "%%%"}', "not base64"),
+        (b'{"topic": "webhooks.raw", "value_base64": "", "headers_base64": [["a", 1]]}', "not base64"),
+        (b'{"topic": "webhooks.raw", "value_base64": "", "headers_base64": {}}', "not a list"),
+        (b'{"topic": "webhooks.raw", "value_base64": "", "headers_truncated": true}', "cut"),
+    ],
+)
+def test_a_malformed_dlq_record_is_refused_with_the_reason(value: bytes, match: str) -> None:
+    """Anything that cannot give back the original record is NotReplayableError, never a crash."""
+    with pytest.raises(NotReplayableError, match=match):
+        rebuild(parse_entry(0, 1, 1, b"k", value), dlq_topic=DLQ, input_topic=INPUT)
+
+
+# --- the worker's side and printing
+
+
+def test_the_worker_reads_replayed_from_only_from_replayed_records() -> None:
+    """The audit extra is the header's value when present, else nothing."""
+    assert replayed_from(_delivery()) == {}
+    replayed = _delivery([*HEADERS, (REPLAYED_FROM_HEADER, b"webhooks.dlq:0:7")])
+    assert replayed_from(replayed) == {"replayed_from": "webhooks.dlq:0:7"}
+
+
+def test_a_list_line_is_one_line_whatever_the_key_and_error() -> None:
+    """Control characters in key and error are shown as '?', and the error is cut."""
+    delivery = _delivery(key=b"github:a\nb")
+    value = dlq_value(delivery, error="line one\nline two " + "x" * 500, reason="bad-signature")
+    line = entry_line(parse_entry(1, 9, NOW_MS, delivery.key, value))
+    assert "\n" not in line
+    assert line.startswith("1:9  2026-11-30T12:00:00Z  bad-signature  github:a?b  line one?line two")
+    assert line.endswith("…")
+    printed = orjson.loads(entry_json(parse_entry(1, 9, NOW_MS, delivery.key, value)))
+    assert (printed["dlq_offset"], printed["offset"], printed["truncated"]) == (9, 41, False)
+
+
+def test_the_summary_counts_each_reason_most_frequent_first() -> None:
+    """``N records: reason n, ...``."""
+    assert summary(Counter({"unknown-source": 1, "bad-signature": 3})) == (
+        "4 records: bad-signature 3, unknown-source 1"
+    )
+    assert summary(Counter()) == "0 records"
