@@ -204,13 +204,15 @@ class _Replay:
     async def _skip_to_log_start(self) -> None:
         """The stored offset fell out of the changelog's retention: start again at its first offset."""
         first = (await self.consumer.beginning_offsets([self.changelog]))[self.changelog]
+        if first <= self.position:  # out of range past the end: the log was truncated under us
+            raise OffsetOutOfRangeError(f"restore {self.changelog}: offset {self.position} is out of range")
         log.warning(
             "restore %s: offset %s is before the log start %s (retention); continuing there",
             self.changelog,
             self.position,
             first,
         )
-        self.position = max(self.position, first)
+        self.position = first
 
     async def _apply(self, records: MemoryRecords, aborted: list[tuple[int, int]]) -> int:
         """Write one fetch's committed records; return how many were read (tombstones included)."""
