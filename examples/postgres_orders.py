@@ -1,34 +1,38 @@
-"""A service applying commands to PostgreSQL with idempotent writes, using ``pipeline.downstream``.
+"""An order service applying the pipeline's commands to PostgreSQL exactly once, with ``pipeline.downstream``.
 
-It consumes a command topic with aiokafka and ``consumer_settings``
-(read_committed, manual commits), applies each command with
-``apply_once_async`` (the effect key is claimed in the same database
-transaction as the effect), and commits the Kafka offsets of a batch only
-after its database transactions have committed. A crash anywhere re-delivers
-commands; none is applied twice.
+It reads typed commands with ``CommandStream`` (read_committed) and applies
+each with ``apply_once_async`` under its service name (``--service``, default
+``orders``): the effect key is claimed in ``<service>_applied_commands`` in
+the SAME database transaction as the effect. Offsets (``--offsets``):
+``kafka`` commits them to Kafka after the database commit; ``database`` stores
+them in ``<service>_kafka_offsets`` in that same transaction and seeks there
+on every assignment. A crash anywhere re-delivers commands; none is applied twice.
 
-    python examples/postgres_orders.py --bootstrap 127.0.0.1:19092 --topic webhooks.events \\
+    python examples/postgres_orders.py --bootstrap 127.0.0.1:19092 \\
+        --topology topologies/stripe-fulfilment.toml \\
         --dsn postgresql://postgres@127.0.0.1:15432/pipeline --max-idle 5
 
-Commands handled (the others are skipped, unclaimed, so a later version of
-the service can still apply them on a replay):
+It fits the shipped topologies (``--topology``; it subscribes to the topics
+that carry the commands it handles, or to ``--topic``):
 
-- ``fulfil-order`` (Stripe ``checkout.session.completed`` or
-  ``payment_intent.succeeded``; order id in ``data.object.metadata.order_id``):
-  insert the order if absent (``INSERT … ON CONFLICT (id) DO NOTHING``), then
-  move it from ``pending`` to ``fulfilled`` with a guarded update
-  (``UPDATE … WHERE id = %s AND status = 'pending'``).
-- ``invoice-final`` (``invoice.paid`` / ``invoice.voided`` /
-  ``invoice.marked_uncollectible``; row id = the invoice id): set a final
-  state with a conditional upsert that never leaves a final state
-  (``ON CONFLICT (id) DO UPDATE … WHERE orders.status NOT IN (finals)``).
+- ``stripe-fulfilment.toml``: ``fulfil-order`` on ``shop.orders`` (Stripe
+  ``checkout.session.completed`` or ``payment_intent.succeeded``, one command
+  per payment: the effect stage keeps the first to arrive) and
+  ``close-invoice`` on ``shop.invoices`` (``invoice.paid`` / ``invoice.voided``
+  / ``invoice.marked_uncollectible``, one per invoice: the first final state).
+- ``default.toml``: ``handle`` on ``webhooks.events`` for every event; the
+  Stripe ones are dispatched by event type to the same two effects. Without
+  effect keys both payment events of one payment arrive, so ``fulfil_order``
+  is written to collapse them itself (a guarded transition per order).
+- Other commands (``github.toml``'s ``build`` and ``review``, other sources'
+  ``handle``) are skipped without a claim, so a later version can still apply
+  them on a replay.
 
-Both writes are idempotent on their own; ``apply_once`` is what makes the
-non-idempotent parts of an effect (a counter, a ledger row, an e-mail queued
-in the same database) safe, and records which effect keys were applied.
-
-It prints one JSON summary line on stdout when it stops: after ``--max``
-commands or ``--max-idle`` seconds without one.
+The effects: ``orders(id, status, amount, updated_at)`` and an outbox row in
+``order_emails`` per fulfilment (a write that is not idempotent by itself:
+``apply_once`` and the guarded transition keep it to one). It prints one JSON
+summary line when it stops: after ``--max`` commands or ``--max-idle`` seconds
+without one: ``{"seen", "applied", "repeats", "skipped", "invalid"}``.
 """
 
 from __future__ import annotations
@@ -38,32 +42,36 @@ import asyncio
 import logging
 import os
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import psycopg
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline import topology
 from pipeline.downstream import (
     Command,
     CommandRecordError,
+    CommandStream,
+    PostgresOffsets,
     apply_once_async,
-    consumer_settings,
     ensure_schema_async,
+    store_offset_async,
 )
+from pipeline.resources import resolve_topology
 
 log = logging.getLogger("postgres_orders")
 
-ORDERS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS orders (
-    id text PRIMARY KEY,
-    status text NOT NULL,
-    amount bigint,
-    updated_at timestamptz NOT NULL
+SCHEMA = (
+    (
+        "CREATE TABLE IF NOT EXISTS orders ("
+        " id text PRIMARY KEY, status text NOT NULL, amount bigint, updated_at timestamptz NOT NULL)"
+    ),
+    (
+        "CREATE TABLE IF NOT EXISTS order_emails ("
+        " id bigserial PRIMARY KEY, order_id text NOT NULL, kind text NOT NULL, effect_key text NOT NULL)"
+    ),
 )
-"""
 
 FINAL_STATES = {
     "invoice.paid": "paid",
@@ -90,28 +98,32 @@ def _event_seconds(command: Command) -> float:
 
 
 async def fulfil_order(cursor: psycopg.AsyncCursor[Any], command: Command) -> None:
-    """Create the order if absent, then move it from pending to fulfilled."""
+    """Create the order if absent, move it from pending to fulfilled, and queue one e-mail if it moved."""
     obj = _object(command)
     metadata = obj.get("metadata")
-    order_id = (metadata.get("order_id") if isinstance(metadata, dict) else None) or obj.get("id")
+    order_id = metadata.get("order_id") if isinstance(metadata, dict) else None
     if not isinstance(order_id, str):
         raise CommandRecordError("event.data.object.metadata.order_id", "is missing")
     amount = obj.get("amount_total", obj.get("amount_received", obj.get("amount")))
     when = _event_seconds(command)
-    # idiom 1: insert-if-absent; a second copy (or another event for the same order) changes nothing
     await cursor.execute(
         "INSERT INTO orders (id, status, amount, updated_at) VALUES (%s, 'pending', %s, to_timestamp(%s))"
         " ON CONFLICT (id) DO NOTHING",
         (order_id, amount, when),
     )
-    # idiom 2: a guarded state transition; only a pending order can become fulfilled
     await cursor.execute(
-        "UPDATE orders SET status = 'fulfilled', updated_at = to_timestamp(%s) WHERE id = %s AND status = 'pending'",
+        "UPDATE orders SET status = 'fulfilled', updated_at = to_timestamp(%s)"
+        " WHERE id = %s AND status = 'pending' RETURNING id",
         (when, order_id),
     )
+    if await cursor.fetchone() is not None:
+        await cursor.execute(
+            "INSERT INTO order_emails (order_id, kind, effect_key) VALUES (%s, 'fulfilled', %s)",
+            (order_id, command.effect_key),
+        )
 
 
-async def invoice_final(cursor: psycopg.AsyncCursor[Any], command: Command) -> None:
+async def close_invoice(cursor: psycopg.AsyncCursor[Any], command: Command) -> None:
     """Set the invoice's final state; a row already in a final state is never changed."""
     status = FINAL_STATES.get(command.event_type or "")
     if status is None:
@@ -120,100 +132,113 @@ async def invoice_final(cursor: psycopg.AsyncCursor[Any], command: Command) -> N
     invoice_id = obj.get("id")
     if not isinstance(invoice_id, str):
         raise CommandRecordError("event.data.object.id", "is missing")
-    amount = obj.get("amount_paid", obj.get("amount_due"))
     await cursor.execute(
         "INSERT INTO orders (id, status, amount, updated_at) VALUES (%s, %s, %s, to_timestamp(%s))"
         " ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, amount = EXCLUDED.amount,"
         " updated_at = EXCLUDED.updated_at"
         " WHERE orders.status NOT IN ('paid', 'void', 'uncollectible')",
-        (invoice_id, status, amount, _event_seconds(command)),
+        (invoice_id, status, obj.get("amount_paid", obj.get("amount_due")), _event_seconds(command)),
     )
 
 
-HANDLERS: dict[str, Handler] = {"fulfil-order": fulfil_order, "invoice-final": invoice_final}
+# the command names of the shipped topologies this service applies (tests/integration check them)
+HANDLERS: dict[str, Handler] = {"fulfil-order": fulfil_order, "close-invoice": close_invoice}
+# the default topology's `handle` commands of Stripe events, by event type
+STRIPE_EVENTS: dict[str, Handler] = {
+    "checkout.session.completed": fulfil_order,
+    "payment_intent.succeeded": fulfil_order,
+    **dict.fromkeys(FINAL_STATES, close_invoice),
+}
+DEFAULT_COMMAND = "handle"
 
 
-async def ensure_tables(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Create ``orders`` and the table of applied effect keys."""
-    await ensure_schema_async(conn)
-    async with conn.transaction():
-        await conn.execute(ORDERS_SCHEMA)
+def handler_for(command: Command) -> Handler | None:
+    """The effect of a command, or ``None`` when this service does not apply it."""
+    if command.command == DEFAULT_COMMAND and command.source == "stripe":
+        return STRIPE_EVENTS.get(command.event_type or "")
+    return HANDLERS.get(command.command)
+
+
+def topics_for(topo: topology.Topology) -> list[str]:
+    """The topics of ``topo`` that carry a command this service handles."""
+    topics = {r.topic for r in topo.routes if r.command in HANDLERS and r.topic}
+    if "stripe" in topo.sources and any(topo.route("stripe", t) is None for t in STRIPE_EVENTS):
+        topics.add(topo.topics.commands)  # unrouted Stripe events arrive as `handle` commands
+    return sorted(topics)
 
 
 async def run(args: argparse.Namespace) -> dict[str, int]:
     """Consume until ``--max`` commands or ``--max-idle`` idle seconds; return the counts."""
     counts = {"seen": 0, "applied": 0, "repeats": 0, "skipped": 0, "invalid": 0}
-    conn = await psycopg.AsyncConnection.connect(args.dsn)
-    consumer = AIOKafkaConsumer(args.topic, **consumer_settings(args.bootstrap, args.group))
-    try:
-        await ensure_tables(conn)
-        await consumer.start()
-        idle_since: float | None = None
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500, max_records=200)
-            if not batch:
-                if consumer.assignment():
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > args.max_idle:
-                        break
-                continue
-            idle_since = None
-            offsets: dict[TopicPartition, int] = {}
-            for tp, records in batch.items():
-                for record in records:
-                    counts["seen"] += 1
-                    await apply_record(conn, record.key, record.value, counts)
-                offsets[tp] = records[-1].offset + 1
-            # every database transaction of the batch has committed: now the offsets may be
-            await consumer.commit(offsets)
-            if args.max and counts["seen"] >= args.max:
-                break
-    finally:
-        await consumer.stop()
-        await conn.close()
+    topics = args.topic or topics_for(topology.load(resolve_topology(args.topology)))
+    if not topics:
+        raise SystemExit(f"postgres_orders: topology {args.topology} carries no command this service applies")
+    in_db = args.offsets == "database"
+    offsets = PostgresOffsets(args.dsn, service=args.service) if in_db else None
+    async with await psycopg.AsyncConnection.connect(args.dsn) as conn:
+        await ensure_schema_async(conn, service=args.service)
+        async with conn.transaction():
+            for statement in SCHEMA:
+                await conn.execute(statement)
+        stream = CommandStream(
+            args.bootstrap,
+            topics,
+            group=args.group or args.service,
+            offsets=offsets,
+            idle_timeout=args.max_idle,
+        )
+        async with stream:
+            try:
+                async with asyncio.timeout(args.timeout):
+                    async for command in stream:
+                        counts["seen"] += 1
+                        outcome = await apply(conn, command, service=args.service, store_offset=in_db)
+                        counts[outcome] += 1
+                        if args.max and counts["seen"] >= args.max:
+                            break
+            except TimeoutError:
+                log.warning("stopping after --timeout %ss", args.timeout)
+        counts["invalid"] += stream.invalid
     return counts
 
 
-async def apply_record(
-    conn: psycopg.AsyncConnection[Any], key: bytes | None, value: bytes, counts: dict[str, int]
-) -> None:
-    """Parse one record and apply it once; invalid or unknown commands are counted and skipped."""
-    try:
-        command = Command.from_record(key, value)
-    except CommandRecordError as exc:
-        # a real service would send the record to its own dead-letter topic here
-        log.warning("skipping an invalid command record: %s", exc)
-        counts["invalid"] += 1
-        return
-    handler = HANDLERS.get(command.command)
+async def apply(
+    conn: psycopg.AsyncConnection[Any], command: Command, *, service: str, store_offset: bool
+) -> str:
+    """Apply one command once; the outcome's name in the summary."""
+    handler = handler_for(command)
     if handler is None:
-        counts["skipped"] += 1
-        return
+        if store_offset:
+            await store_offset_async(conn, command, service=service)
+        return "skipped"
     try:
-        applied = await apply_once_async(conn, command, handler)
-    except CommandRecordError as exc:
+        applied = await apply_once_async(conn, command, handler, service=service, store_offset=store_offset)
+    except CommandRecordError as exc:  # rolled back: not claimed; a real service would dead-letter it
         log.warning("skipping command %s: %s", command.effect_key, exc)
-        counts["invalid"] += 1
-        return
-    counts["applied" if applied else "repeats"] += 1
+        if store_offset:
+            await store_offset_async(conn, command, service=service)
+        return "invalid"
     log.info("%s %s (%s)", "applied" if applied else "repeat", command.effect_key, command.command)
+    return "applied" if applied else "repeats"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"))
-    parser.add_argument("--topic", default=os.environ.get("PIPELINE_COMMAND_TOPIC", "webhooks.events"))
     parser.add_argument(
-        "--group", default="postgres-orders", help="consumer group (default: postgres-orders)"
+        "--topology",
+        default="stripe-fulfilment",
+        help="whose command topics to read (default: stripe-fulfilment)",
     )
+    parser.add_argument("--topic", action="append", help="read this topic instead (repeatable)")
+    parser.add_argument("--service", default="orders", help="names the service's tables (default: orders)")
+    parser.add_argument("--group", default=None, help="consumer group (default: the service name)")
+    parser.add_argument("--offsets", choices=("kafka", "database"), default="kafka")
     parser.add_argument(
         "--dsn", default=os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:15432/pipeline")
     )
     parser.add_argument("--max", type=int, default=0, help="stop after this many commands (0: no limit)")
-    parser.add_argument(
-        "--max-idle", type=float, default=5.0, help="stop after this many seconds without a command"
-    )
+    parser.add_argument("--max-idle", type=float, default=5.0, help="stop after this many idle seconds")
     parser.add_argument(
         "--timeout", type=float, default=3600.0, help="stop after this many seconds in any case"
     )

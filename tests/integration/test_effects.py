@@ -129,6 +129,6 @@ async def test_both_payment_events_delivered_repeatedly_fulfil_each_order_once(
         assert applied.returncode == 0, applied.stderr
     with psycopg.connect(postgres_db) as conn:
         rows = conn.execute("SELECT id, status FROM orders ORDER BY id").fetchall()
-        claims = conn.execute("SELECT count(*) FROM applied_commands").fetchone()
+        claims = conn.execute("SELECT count(*) FROM orders_applied_commands").fetchone()
     assert sorted(rows) == sorted((f"order_{i}", "fulfilled") for i in range(payments))
     assert claims == (payments,)

@@ -114,7 +114,7 @@ def test_downstream_without_psycopg_names_the_extra_in_one_line(monkeypatch: pyt
     command = downstream.Command("handle", "stripe:evt_1", "stripe:evt_1", "stripe", None, 1, {})
     assert downstream.Command.from_record(None, command.to_json()) == command
     with pytest.raises(MissingExtraError) as info:
-        downstream.ensure_schema(object())  # type: ignore[arg-type]
+        downstream.ensure_schema(object(), service="orders")  # type: ignore[arg-type]
     message = str(info.value)
     assert "\n" not in message
     assert "pip install 'webhook-pipeline[postgres]'" in message
