@@ -14,6 +14,9 @@ on fresh topics with a backlog produced before the contender starts:
 - ``N processes x 6 partitions`` for N = 1, 2, 3: N worker processes in one
   consumer group sharing 6 partitions (6, 3 and 2 partitions per process);
   this is how the worker scales on one machine: one process per core;
+- ``--processes 2 x 6 partitions``: the same two processes started by one
+  ``pipeline worker --processes 2`` (its supervisor, ``pipeline/worker/supervisor.py``),
+  next to ``1 process x 6 partitions``; CPU is the supervisor's and its children's;
 - ``10,000,000 keys in store``: 1 process x 4 partitions whose RocksDB stores
   already hold ``--store-keys`` keys, written straight into each partition's
   store (with the owning partition, a live expiry and the store's recorded
@@ -37,6 +40,7 @@ import asyncio
 import random
 import re
 import shutil
+import socket
 import sys
 import time
 import urllib.request
@@ -62,6 +66,65 @@ class Row:
     processes: int = 1
     partitions: int = 4
     store_keys: int = 0
+    supervised: bool = False  # one ``pipeline worker --processes N`` instead of N commands
+
+
+def child_pids(parent: int) -> list[int]:
+    """The live child processes of ``parent`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+class Supervised:
+    """``pipeline worker --processes N`` seen by ``worker_bench.drain``: CPU of the supervisor and its children."""
+
+    def __init__(self, proc: wb.Proc) -> None:
+        self.proc = proc
+        self.started = proc.started
+
+    def check(self) -> None:
+        self.proc.check()
+
+    def cpu_seconds(self) -> float:
+        total = self.proc.cpu_seconds()
+        for pid in child_pids(self.proc.pid):
+            try:
+                total += wb.pid_cpu_seconds(pid)
+            except OSError:  # exited in between
+                continue
+        return total
+
+    def peak_rss_kib(self) -> int:
+        """The largest child's VmHWM."""
+        peaks = [0]
+        for pid in child_pids(self.proc.pid):
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            peaks += [int(line.split()[1]) for line in text.splitlines() if line.startswith("VmHWM:")]
+        return max(peaks)
+
+
+def free_port_pair() -> int:
+    """A port that is free, and so is the next one (a supervisor's children take base + i)."""
+    for _ in range(50):
+        port = wb.free_port()
+        if port < 65535:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise wb.BenchError("no two consecutive free ports")
 
 
 class Procs:
@@ -170,6 +233,10 @@ class Scaling:
             }
         commands_start = await bench.broker.end_offsets(topics.commands)
         audit_start = await bench.broker.end_offsets(topics.audit)
+        if row.supervised:
+            await self.run_supervised_row(row, result, topo_path, state, group)
+            await bench.check_worker(result, topics.commands, commands_start, topics.audit, audit_start)
+            return
         ports = [wb.free_port() for _ in range(row.processes)]
         procs = [
             bench.start(
@@ -213,6 +280,53 @@ class Scaling:
                 result.warnings.append(f"{proc.name}: exit status {code}")
         await bench.check_worker(result, topics.commands, commands_start, topics.audit, audit_start)
 
+    async def run_supervised_row(
+        self, row: Row, result: wb.Result, topo_path: Path, state: Path, group: str
+    ) -> None:
+        """One ``pipeline worker --processes N``; its children take metrics ports base + i."""
+        bench, args = self.bench, self.args
+        stream = bench.require(bench.stream)
+        topics = topology.load(topo_path).topics
+        base = free_port_pair() if row.processes == 2 else wb.free_port()
+        sup = bench.start(
+            row.name,
+            [
+                *bench.worker_argv(topo_path, state, group),
+                "--processes",
+                str(row.processes),
+                "--metrics-port",
+                str(base),
+                "--instance-id",
+                bench.app(row.name),
+            ],
+        )
+        result.log = str(sup.log_path)
+        supervised = Supervised(sup)
+        ports = [base + i for i in range(row.processes)]
+        await wait_for_spread(supervised, ports, row.partitions, timeout=90)  # type: ignore[arg-type]
+        await wb.produce_backlog(
+            args.bootstrap, topics.input, row.partitions, stream.records(), len(stream), f"{row.name} backlog"
+        )
+        start = dict.fromkeys(range(row.partitions), 0)
+
+        async def handled() -> int:
+            return await bench.committed_progress(group, topics.input, start)
+
+        result.drain = await wb.drain(
+            supervised,  # type: ignore[arg-type]
+            handled,
+            len(stream),
+            timeout=args.drain_timeout,
+            label=row.name,
+            broker_pid=bench.broker_pid,
+        )
+        bench.report_drain(result)
+        result.peak_rss_mib = supervised.peak_rss_kib() / 1024
+        code = await sup.stop(timeout=45)
+        result.warnings += wb.log_findings(sup.log_path)
+        if code != 0:
+            result.warnings.append(f"{sup.name}: exit status {code}")
+
     def rows(self) -> list[Row]:
         keys = self.args.store_keys
         rows = [
@@ -222,6 +336,7 @@ class Scaling:
             Row("worker-1x6", "1 process x 6 partitions", 1, 6),
             Row("worker-2x6", "2 processes x 6 partitions (3 each)", 2, 6),
             Row("worker-3x6", "3 processes x 6 partitions (2 each)", 3, 6),
+            Row("worker-sup2x6", "--processes 2 x 6 partitions (one command)", 2, 6, supervised=True),
             Row("worker-keys", f"1 process x 4 partitions, {keys:,} keys in store", 1, 4, keys),
         ]
         return [r for r in rows if not self.args.only or r.name in self.args.only]
@@ -290,6 +405,13 @@ class Scaling:
         print()
         print(f"Worker scaling: {self.args.events:,} events (30% duplicates, 1-2 KB bodies) per row")
         wb.print_markdown(header, rows)
+        one = next((r.drain for r in results if r.name == "worker-1x6" and r.drain), None)
+        sup = next((r.drain for r in results if r.name == "worker-sup2x6" and r.drain), None)
+        if one and sup:
+            print(
+                f"--processes 2: {sup.rate:,.0f} events/s against {one.rate:,.0f} for one process "
+                f"x 6 partitions ({sup.rate / one.rate:.2f}x)"
+            )
         print(
             "ratio: events/s over the passthrough's; CPU ratio: its CPU s/100k over the row's (summed over processes)"
         )
