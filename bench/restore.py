@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline.cli import tune_gc
 from pipeline.kafka import TopicSpec, ensure_topics
 from pipeline.state.decision import Entry
-from pipeline.state.store import Change, PartitionStore, StoreIdentity, bucket_width
+from pipeline.state.store import Change, PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.restore import restore
 
 DAY_MS = 86_400_000

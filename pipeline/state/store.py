@@ -28,74 +28,33 @@ cannot be used: wait for an operator, never wipe) and
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import orjson
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from pipeline.errors import (
     StoreCorruptError,
     StoreError,
-    StoreIdentityError,
-    StoreLockedError,
     StoreUnusableError,
 )
 from pipeline.state.decision import Entry
+from pipeline.state.store_meta import (
+    META,
+    OFFSET,
+    STREAM_TIME,
+    StoreIdentity,
+    check_directory,
+    check_meta,
+    classify_open_failure,
+    classify_write_failure,
+)
 
 log = logging.getLogger(__name__)
 
-_META = "meta"
-_OFFSET = b"changelog_offset"
-_STREAM_TIME = b"stream_time"
-_BUCKET_MS = b"bucket_ms"
-_VERSION = b"version"
-_IDENTITY = b"identity"
-FORMAT_VERSION = b"2"  # 2: the meta family holds the store's identity
 MIN_BUCKET_MS = 3_600_000
-
-# Fragments of RocksDB status texts (and of the OS errors inside them), lower case.
-_UNUSABLE = (  # checked before "lock": a LOCK file on a read-only disk is not a held lock
-    *("permission denied", "read-only file system", "no space left", "disk quota", "not a directory"),
-    *("file exists", "operation not permitted", "too many open files"),
-)
-_CORRUPT = ("corruption", "no such file or directory", "bad magic", "checksum mismatch", "truncated")
-
-
-class StoreIdentity(NamedTuple):
-    """Whose store it is: app, consumer group, input topic and partition, and the changelog topic."""
-
-    app: str
-    group: str
-    topic: str
-    partition: int
-    changelog: str  # the changelog topic; its partition is ``partition``
-
-    def encode(self) -> bytes:
-        """The JSON kept in the store's ``meta`` column family."""
-        return orjson.dumps(self._asdict())
-
-    @classmethod
-    def decode(cls, data: bytes) -> StoreIdentity:
-        """Read what :meth:`encode` wrote; raises ``ValueError`` on anything else."""
-        try:
-            raw = orjson.loads(data)
-            return cls(
-                str(raw["app"]),
-                str(raw["group"]),
-                str(raw["topic"]),
-                int(raw["partition"]),
-                str(raw["changelog"]),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"not a store identity: {exc}") from exc
-
-    def describe(self) -> str:
-        """One line naming every field."""
-        return " ".join(f"{name}={value}" for name, value in self._asdict().items())
 
 
 class Change(NamedTuple):
@@ -114,46 +73,6 @@ class Change(NamedTuple):
 def bucket_width(max_ttl_ms: int) -> int:
     """The bucket width for a largest TTL: a tenth of it, at least an hour."""
     return max(MIN_BUCKET_MS, max_ttl_ms // 10)
-
-
-def classify_open_failure(path: Path, exc: BaseException) -> StoreError:
-    """The :class:`StoreError` for a failure to open (or read) the store at ``path``.
-
-    A held lock is :class:`StoreLockedError`; an unusable directory
-    (permissions, read-only, full, not a directory) and anything not
-    recognised is :class:`StoreUnusableError`, which is never wiped; only
-    RocksDB's own "this data is damaged" answers are :class:`StoreCorruptError`.
-    """
-    text = str(exc)
-    lowered = text.lower()
-    if any(fragment in lowered for fragment in _UNUSABLE):
-        return StoreUnusableError(f"store {path} cannot be used: {text}")
-    if "lock" in lowered:
-        return StoreLockedError(f"store {path} is held by another process: {text}")
-    if any(fragment in lowered for fragment in _CORRUPT):
-        return StoreCorruptError(f"store {path} is corrupt: {text}")
-    return StoreUnusableError(f"store {path} cannot be opened: {text}")
-
-
-def classify_write_failure(path: Path, exc: BaseException, action: str) -> StoreError:
-    """The :class:`StoreError` for a failed write: IO trouble (disk full, read-only) is :class:`StoreUnusableError`."""
-    text = str(exc)
-    lowered = text.lower()
-    if "io error" in lowered or any(fragment in lowered for fragment in _UNUSABLE):
-        return StoreUnusableError(f"store {path}: {action} failed: {text}")
-    return StoreError(f"store {path}: {action} failed: {text}")
-
-
-def _check_directory(path: Path) -> None:
-    """Cheap checks before RocksDB: the path is (or can be made) a writable directory."""
-    if path.exists() and not path.is_dir():
-        raise StoreUnusableError(f"store {path} cannot be used: it exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreUnusableError(f"store {path} cannot be used: {exc}") from exc
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StoreUnusableError(f"store {path} cannot be used: the directory is not writable")
 
 
 WRITE_BUFFER_BYTES = 8 * 1024 * 1024  # per column family; a partition has about ten live buckets
@@ -184,54 +103,6 @@ def _bucket_names(names: Iterable[str]) -> dict[int, str]:
     return {int(name[1:]): name for name in names if name.startswith("b") and name[1:].isdigit()}
 
 
-def _read_meta(db: Rdict) -> dict[bytes, bytes | None]:
-    # A helper of its own so that no column family object outlives it in a traceback: one would keep
-    # the database (and its lock) alive after ``close``.
-    meta = db.get_column_family(_META)
-    return {key: meta.get(key) for key in (_VERSION, _OFFSET, _BUCKET_MS, _IDENTITY)}
-
-
-def _write_meta(db: Rdict, values: dict[bytes, bytes]) -> None:
-    batch = WriteBatch(raw_mode=True)
-    handle = db.get_column_family_handle(_META)
-    for key, value in values.items():
-        batch.put(key, value, handle)
-    db.write(batch)
-
-
-def _check_meta(
-    path: Path, db: Rdict, bucket_ms: int, identity: StoreIdentity | None, *, has_buckets: bool
-) -> int:
-    """Check (or, on a new store, write) version, bucket width and identity; return the bucket width."""
-    meta = _read_meta(db)
-    version = meta[_VERSION]
-    has_data = has_buckets or meta[_OFFSET] is not None
-    if version is None and not has_data:
-        fresh = {_BUCKET_MS: str(bucket_ms).encode(), _VERSION: FORMAT_VERSION}
-        if identity is not None:
-            fresh[_IDENTITY] = identity.encode()
-        _write_meta(db, fresh)
-        return bucket_ms
-    if version != FORMAT_VERSION:
-        raise StoreCorruptError(f"store {path} has format {version!r}, expected {FORMAT_VERSION!r}")
-    stored_width = meta[_BUCKET_MS]
-    if stored_width is None:
-        raise StoreCorruptError(f"store {path} has no bucket width")
-    raw_identity = meta[_IDENTITY]
-    if identity is not None:
-        if raw_identity is None:
-            if has_data:
-                raise StoreCorruptError(f"store {path} has data but no identity")
-            _write_meta(db, {_IDENTITY: identity.encode()})
-        else:
-            stored = StoreIdentity.decode(raw_identity)
-            if stored != identity:
-                raise StoreIdentityError(
-                    f"store {path} belongs to {stored.describe()}, not to {identity.describe()}; refusing to use it"
-                )
-    return int(stored_width)
-
-
 class PartitionStore:
     """Key → :class:`Entry` for one input partition, with whole-bucket expiry."""
 
@@ -239,15 +110,15 @@ class PartitionStore:
         self.path = path
         self._db = db
         self.bucket_ms = bucket_ms
-        self._meta = db.get_column_family(_META)
-        self._meta_handle: Any = db.get_column_family_handle(_META)
+        self._meta = db.get_column_family(META)
+        self._meta_handle: Any = db.get_column_family_handle(META)
         self._buckets: dict[int, Rdict] = {}
         self._handles: dict[int, Any] = {}
         for bucket, name in _bucket_names(families).items():
             self._buckets[bucket] = db.get_column_family(name)
             self._handles[bucket] = db.get_column_family_handle(name)
-        raw_offset = self._meta.get(_OFFSET)
-        raw_time = self._meta.get(_STREAM_TIME)
+        raw_offset = self._meta.get(OFFSET)
+        raw_time = self._meta.get(STREAM_TIME)
         self.changelog_offset = int(raw_offset) if raw_offset is not None else -1
         self.stream_time = int(raw_time) if raw_time is not None else 0
         self.keys_expired = 0
@@ -265,17 +136,17 @@ class PartitionStore:
         data is left alone). ``identity=None`` skips the check; it exists only
         until every caller passes one.
         """
-        _check_directory(path)
+        check_directory(path)
         try:
             existing = Rdict.list_cf(str(path), _options()) if (path / "CURRENT").exists() else []
             families = {name: _family_options() for name in existing if name != "default"}
-            families.setdefault(_META, _family_options())
+            families.setdefault(META, _family_options())
             db = Rdict(str(path), _options(), column_families=families)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
             raise classify_open_failure(path, exc) from exc
         try:
             has_buckets = bool(_bucket_names(families))
-            bucket_ms = _check_meta(path, db, bucket_ms, identity, has_buckets=has_buckets)
+            bucket_ms = check_meta(path, db, bucket_ms, identity, has_buckets=has_buckets)
             return cls(path, db, bucket_ms, families)
         except StoreError:
             db.close()
@@ -383,9 +254,9 @@ class PartitionStore:
         new_offset = changelog_offset is not None and changelog_offset > self.changelog_offset
         new_time = stream_time > self.stream_time
         if new_offset:
-            batch.put(_OFFSET, str(changelog_offset).encode(), self._meta_handle)
+            batch.put(OFFSET, str(changelog_offset).encode(), self._meta_handle)
         if new_time:
-            batch.put(_STREAM_TIME, str(stream_time).encode(), self._meta_handle)
+            batch.put(STREAM_TIME, str(stream_time).encode(), self._meta_handle)
         try:
             self._db.write(batch)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status

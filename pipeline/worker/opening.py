@@ -19,7 +19,8 @@ from aiokafka.errors import IllegalOperation, KafkaError
 
 from pipeline.config import WorkerSettings
 from pipeline.errors import PipelineError, StoreCorruptError, StoreError, StoreLockedError
-from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)

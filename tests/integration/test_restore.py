@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from pipeline.errors import StoreUnusableError
 from pipeline.state.decision import Entry
-from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import restore as restore_module
 from pipeline.worker.restore import restore
 

@@ -17,15 +17,8 @@ from pipeline.errors import (
     StoreUnusableError,
 )
 from pipeline.state.decision import Entry
-from pipeline.state.store import (
-    MIN_BUCKET_MS,
-    Change,
-    PartitionStore,
-    StoreIdentity,
-    bucket_width,
-    classify_open_failure,
-    classify_write_failure,
-)
+from pipeline.state.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity, classify_open_failure, classify_write_failure
 
 HOUR = 3_600_000
 IDENTITY = StoreIdentity("webhooks", "workers", "webhooks.raw", 3, "webhooks-seen-changelog")

@@ -17,7 +17,8 @@ from aiokafka import TopicPartition
 
 from pipeline import cli
 from pipeline.errors import PartitionUnservedError
-from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.loop import Worker
 from pipeline.worker.opening import store_path

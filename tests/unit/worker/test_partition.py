@@ -28,7 +28,8 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.errors import PartitionUnservedError, StoreError
 from pipeline.kafka.partitioner import owner_partition
-from pipeline.state.store import PartitionStore, StoreIdentity, bucket_width
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import opening as opening_module
 from pipeline.worker import partition as partition_module
 from pipeline.worker.lifecycle import PartitionState
