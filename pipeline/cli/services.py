@@ -1,0 +1,162 @@
+"""The commands that run the pipeline: ``topics create``, ``worker``, ``ingress``, ``rescale``, ``up``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.settings import add_ingress_settings, env_default, ingress_settings, worker_settings
+from pipeline.config import (
+    DEFAULT_TOPOLOGY,
+)
+from pipeline.errors import PipelineError
+from pipeline.service import Service
+
+# The cyclic GC's first generation runs every 700 allocations by default. A
+# worker batch keeps thousands of parsed event trees alive until its commit,
+# so each run rescans them (5-20% of the worker's CPU, ``bench/hotpath.py``).
+# Not much higher than 10,000, though: some of what aiokafka's fetch path
+# allocates is freed only by the collector (its fetch buffers, by the look of
+# it), and at 50,000 a worker reading 1M small records peaked at 860 MiB RSS
+# instead of 290 MiB (``bench/worker_bench.py --only worker-preloaded``).
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from pipeline import kafka, topology  # noqa: PLC0415  (no work at import time)
+
+    if args.partitions is not None and args.partitions < 1:
+        raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
+    if not 0 < args.timeout <= 3600:
+        raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
+    topo = topology.load(args.topology, os.environ)
+    specs = kafka.topic_specs(topo, args.partitions)
+    try:
+        results = asyncio.run(kafka.ensure_topics(args.bootstrap, specs, timeout=args.timeout))
+    except kafka.KafkaError as exc:
+        raise PipelineError(f"Kafka at {args.bootstrap}: {exc}") from None
+    for done, result in enumerate(results, 1):
+        line = f"[{done}/{len(results)}] {result.action:8} {result.name} ({result.partitions} partitions)"
+        print(line + (f"  note: {result.note}" if result.note else ""))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+
+    from pipeline import credentials, topology  # noqa: PLC0415
+    from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
+    from pipeline.worker.loop import Worker  # noqa: PLC0415
+
+    settings = worker_settings(args)
+    topo = topology.load(settings.topology, os.environ)
+    credentials.require_secrets(topo, topology.Verify.WORKER)
+    check_bootstrap(settings.bootstrap)
+    if args.processes > 1:
+        from pipeline.worker.supervisor import Supervisor, child_specs  # noqa: PLC0415
+
+        specs = child_specs(settings.for_topology(topo.app), args.processes, log_level=args.log_level)
+        return asyncio.run(run_service(Supervisor(specs)))
+    try:
+        return asyncio.run(run_service(Worker(settings, topo)))
+    except KafkaError as exc:  # one the worker did not turn into a PipelineError itself
+        raise PipelineError(f"Kafka at {settings.bootstrap}: {exc}") from None
+
+
+async def run_service(service: Service) -> int:
+    """Start ``service``, run it until SIGTERM or SIGINT, and stop it cleanly."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, service.stop)
+    await service.start()
+    tune_gc()
+    await service.run()
+    return 0
+
+
+def tune_gc() -> None:
+    """Move everything alive after start-up out of the collector's way, and collect less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def cmd_ingress(args: argparse.Namespace) -> int:
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ingress.server import Ingress  # noqa: PLC0415
+
+    settings = ingress_settings(args)
+    topo = topology.load(settings.topology, os.environ)
+    return asyncio.run(run_service(Ingress(settings, topo)))
+
+
+def cmd_rescale(args: argparse.Namespace) -> int:
+
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.ops.rescale import rescale  # noqa: PLC0415
+
+    topo = topology.load(args.topology)
+    group = args.group or topo.app
+    state = Path(args.state_file or f".state/rescale-{topo.app}-{group}.json")
+    print(f"rescaling {topo.topics.input} to {args.partitions} partitions (progress in {state})")
+    asyncio.run(rescale(args.bootstrap, topo, partitions=args.partitions, group=group, state_file=state))
+    print("done: start the workers (and restart the ingress) now")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+
+    from pipeline.ops.foreground import run_foreground  # noqa: PLC0415
+    from pipeline.ops.up import Up, UpSettings  # noqa: PLC0415
+
+    settings = UpSettings(
+        topology=Path(args.topology),
+        state_dir=Path(args.state_dir),
+        bootstrap=args.bootstrap,
+        kafka_port=args.kafka_port,
+        ingress_port=args.ingress_port,
+        metrics_port=args.metrics_port,
+        demo=args.demo,
+        demo_events=args.demo_events,
+    )
+    return asyncio.run(run_foreground(Up(settings)))
+
+
+def add_service_commands(commands: Any) -> None:
+    """``ingress`` and ``up``."""
+    ingress = commands.add_parser(
+        "ingress", help="run the HTTP ingress: POST /webhooks/{source}", populate=add_ingress_settings
+    )
+    ingress.set_defaults(handler=cmd_ingress)
+
+    up = commands.add_parser(
+        "up", help="run everything on this machine (starts a local Kafka unless --bootstrap)"
+    )
+    up.add_argument(
+        "--bootstrap", default=env_default("KAFKA_BOOTSTRAP_SERVERS"), help="use this Kafka instead"
+    )
+    up.add_argument(
+        "--topology",
+        default=env_default("PIPELINE_TOPOLOGY", str(DEFAULT_TOPOLOGY)),
+        help="default %(default)s",
+    )
+    up.add_argument(
+        "--state-dir", default=env_default("PIPELINE_STATE_DIR", ".state/up"), help="default %(default)s"
+    )
+    up.add_argument("--kafka-port", type=int, default=9092, help="local broker port (default %(default)s)")
+    up.add_argument("--ingress-port", type=int, default=8080, help="default %(default)s")
+    up.add_argument(
+        "--metrics-port", type=int, default=9100, help="worker metrics port (default %(default)s)"
+    )
+    up.add_argument(
+        "--demo", action="store_true", help="also send a demo stream of signed webhooks with duplicates"
+    )
+    up.add_argument(
+        "--demo-events", type=int, default=120, help="unique events in the demo (default %(default)s)"
+    )
+    up.set_defaults(handler=cmd_up)
