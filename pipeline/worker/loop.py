@@ -162,7 +162,7 @@ class Worker:
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
         waiting = any(p.queue and p.state is PartitionState.READY for p in self._partitions.values())
-        before = {tp: part.generation for tp, part in self._partitions.items()}
+        before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
         batches = await consumer.getmany(
             timeout_ms=0 if waiting else int(self.settings.commit_interval * 500),
             max_records=self.settings.max_batch,
@@ -171,7 +171,7 @@ class Worker:
             part = self._partitions.get(tp)
             if part is None or not part.serving:
                 continue  # not ours, or not positioned yet: fetched again after its seek
-            if before.get(tp) != part.generation:
+            if before.get(tp) != (part, part.generation):
                 # a failed commit moved this partition back while we fetched: what came is stale
                 # (or already from the new position, so move there once more)
                 self._seek(tp, part.rewound_to)
