@@ -62,7 +62,7 @@ def _k8s_files() -> list[Path]:
 
 def _k8s_docs() -> list[dict[str, Any]]:
     docs = []
-    for path in _k8s_files():
+    for path in [*_k8s_files(), K8S / "templates" / "secret.yaml"]:
         docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
     return docs
 
@@ -556,3 +556,17 @@ def test_k8s_containers_have_resources_and_run_as_non_root() -> None:
             resources = container["resources"]
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(resources[kind]), (workload["metadata"]["name"], kind)
+
+
+def test_the_secret_template_is_not_applied_with_the_kustomization() -> None:
+    """kubectl apply -k never applies the empty Secret template over a Secret created out of band."""
+    kustomization = _load_yaml(K8S / "kustomization.yaml")
+    assert not any("secret" in resource for resource in kustomization["resources"])
+    assert (K8S / "templates" / "secret.yaml").exists()
+
+
+def test_compose_kafka_keeps_its_data_on_the_volume() -> None:
+    """The broker writes its logs where the compose volume is mounted, so a restart keeps the data."""
+    kafka = _service("kafka")
+    mounts = {volume.split(":", 1)[1] for volume in kafka["volumes"]}
+    assert kafka["environment"]["KAFKA_LOG_DIRS"] in mounts
