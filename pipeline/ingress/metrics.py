@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 #: The ``source`` label of requests to a source the topology does not have (bounded cardinality).
 UNKNOWN_SOURCE_LABEL = "-"
@@ -23,6 +30,9 @@ class IngressMetrics:
     def create(cls) -> IngressMetrics:
         """Fresh metrics in a fresh registry."""
         registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # CPU, memory, file descriptors of the process
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         return cls(
             registry=registry,
             requests=Counter(

@@ -5,7 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+EFFECT_PREFIX = "effect-"  # outcomes the effect stage reports, e.g. effect-duplicate
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """The process's CPU, memory and file descriptors, the Python platform and GC, in ``registry``."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
 
 
 class Recorder(Protocol):
@@ -74,6 +91,7 @@ class WorkerMetrics:
 
     registry: CollectorRegistry
     events: Counter
+    effect_outcomes: Counter
     commands: Counter
     dlq_records: Counter
     commit_seconds: Histogram
@@ -91,11 +109,18 @@ class WorkerMetrics:
     def create(cls) -> WorkerMetrics:
         """Fresh metrics in a fresh registry."""
         registry = CollectorRegistry()
+        register_process_collectors(registry)
         return cls(
             registry=registry,
             events=Counter(
                 "pipeline_events_total",
                 "Input records by source and outcome",
+                ["source", "outcome"],
+                registry=registry,
+            ),
+            effect_outcomes=Counter(
+                "pipeline_effect_outcomes_total",
+                "Effect-stage records (commands keyed by effect key) by source and outcome",
                 ["source", "outcome"],
                 registry=registry,
             ),
@@ -123,13 +148,13 @@ class WorkerMetrics:
             store_keys=Gauge(
                 "pipeline_store_keys",
                 "Keys in the seen-set per partition",
-                ["partition"],
+                ["topic", "partition"],
                 registry=registry,
             ),
             store_bytes=Gauge(
                 "pipeline_store_disk_bytes",
                 "Bytes on disk of the seen-set per partition",
-                ["partition"],
+                ["topic", "partition"],
                 registry=registry,
             ),
             keys_expired=Counter(
@@ -160,7 +185,10 @@ class WorkerMetrics:
         )
 
     def outcome(self, source: str | None, outcome: str, count: int = 1) -> None:
-        """Count input records' outcomes."""
+        """Count input records' outcomes; the effect stage's (``effect-*``) apart, so input counts stay input."""
+        if outcome.startswith(EFFECT_PREFIX):
+            self._child(self.effect_outcomes, (source or "unknown", outcome[len(EFFECT_PREFIX) :])).inc(count)
+            return
         self._child(self.events, (source or "unknown", outcome)).inc(count)
 
     def command(self, topic: str, count: int = 1) -> None:

@@ -26,12 +26,12 @@ def observe_store(metrics: WorkerMetrics, part: Partition) -> None:
     store = part.store
     if store is None:
         return
-    labels = f"{part.tp.topic}-{part.tp.partition}"
-    metrics.store_keys.labels(labels).set(store.key_count())
+    labels = (part.tp.topic, str(part.tp.partition))
+    metrics.store_keys.labels(*labels).set(store.key_count())
     now = time.monotonic()
     if now - part.disk_measured_at > DISK_MEASURE_EVERY:
         part.disk_measured_at = now
-        metrics.store_bytes.labels(labels).set(store.disk_bytes())
+        metrics.store_bytes.labels(*labels).set(store.disk_bytes())
 
 
 def forget_partition(metrics: WorkerMetrics, tp: TopicPartition) -> None:
@@ -39,8 +39,8 @@ def forget_partition(metrics: WorkerMetrics, tp: TopicPartition) -> None:
     for gauge, labels in (
         (metrics.lag, (tp.topic, str(tp.partition))),
         (metrics.restore_remaining, (tp.topic, str(tp.partition))),
-        (metrics.store_keys, (f"{tp.topic}-{tp.partition}",)),
-        (metrics.store_bytes, (f"{tp.topic}-{tp.partition}",)),
+        (metrics.store_keys, (tp.topic, str(tp.partition))),
+        (metrics.store_bytes, (tp.topic, str(tp.partition))),
     ):
         with contextlib.suppress(KeyError):  # never reported
             gauge.remove(*labels)

@@ -155,6 +155,9 @@ def _port(container: dict[str, Any], port: int | str) -> int:
     pytest.fail(f"container {container['name']} has no port named {port!r}")
 
 
+PROCESS_PREFIXES = ("process_", "python_")  # prometheus_client's process, platform and GC collectors
+
+
 def _metric_labels() -> dict[str, frozenset[str]]:
     """Every sample name the code's registries can expose, with its label names."""
     names: dict[str, frozenset[str]] = {}
@@ -173,8 +176,12 @@ def _metric_labels() -> dict[str, frozenset[str]]:
             for suffix in suffixes[metric._type]:
                 extra = {"le"} if suffix == "_bucket" else set()
                 names[metric._name + suffix] = labels | extra
-        # and the registry agrees (no metric outside the dataclass fields)
+        # and the registry agrees (no metric outside the dataclass fields but the process collectors)
         for family in metrics.registry.collect():
+            if family.name.startswith(PROCESS_PREFIXES):
+                for sample in family.samples:
+                    names[sample.name] = frozenset(sample.labels)
+                continue
             assert any(name.startswith(family.name) for name in names), family.name
     return names
 
@@ -570,3 +577,10 @@ def test_compose_kafka_keeps_its_data_on_the_volume() -> None:
     kafka = _service("kafka")
     mounts = {volume.split(":", 1)[1] for volume in kafka["volumes"]}
     assert kafka["environment"]["KAFKA_LOG_DIRS"] in mounts
+
+
+def test_worker_and_ingress_export_process_cpu_memory_and_gc() -> None:
+    """Both registries carry the process (CPU, memory) and Python GC collectors, for the dashboard and alerts."""
+    for metrics in (WorkerMetrics.create(), IngressMetrics.create()):
+        families = {family.name for family in metrics.registry.collect()}
+        assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_gc_collections"} <= families

@@ -25,3 +25,22 @@ def test_a_tally_hands_on_exact_sums_and_starts_again() -> None:
     assert sample("pipeline_events_total", {"source": "unknown", "outcome": "invalid"}) == 1
     assert sample("pipeline_commands_total", {"topic": "webhooks.events"}) == 2
     assert sample("pipeline_dlq_records_total", {"reason": "bad-signature"}) == 1
+
+
+def test_effect_stage_outcomes_are_counted_apart_from_input_records() -> None:
+    """effect-* outcomes go to pipeline_effect_outcomes_total, so input counts and their duplicate ratio stay input."""
+    metrics = WorkerMetrics.create()
+    metrics.outcome("stripe", "first")
+    metrics.outcome("stripe", "effect-duplicate", 2)
+    registry = metrics.registry
+    assert registry.get_sample_value("pipeline_events_total", {"source": "stripe", "outcome": "first"}) == 1
+    assert (
+        registry.get_sample_value(
+            "pipeline_events_total", {"source": "stripe", "outcome": "effect-duplicate"}
+        )
+        is None
+    )
+    effect = registry.get_sample_value(
+        "pipeline_effect_outcomes_total", {"source": "stripe", "outcome": "duplicate"}
+    )
+    assert effect == 2
