@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import os
 import signal
 from pathlib import Path
@@ -73,7 +74,15 @@ async def run_service(service: Service) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, service.stop)
-    await service.start()
+    # aiokafka logs each failed connection attempt itself; a start that fails is reported by the
+    # service's own error in one line, so its client's lines are held back until the start is done
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    try:
+        await service.start()
+    finally:
+        client_log.setLevel(level)
     tune_gc()
     await service.run()
     return 0
