@@ -3,7 +3,8 @@
 The wheel carries ``pipeline/topologies/*.toml`` and ``pipeline/ops/kafka/``
 (``kafka.sh``, ``probe.py``, ``pom.xml``, ``log4j2.properties``), so an
 installed ``pipeline`` works from any directory. In the checkout,
-``topologies/`` and ``deploy/kafka/`` are byte-identical copies of them
+``deploy/kafka/`` links to ``pipeline/ops/kafka/``, and ``topologies/`` holds
+byte-identical copies of the packaged topologies
 (``tests/unit/test_packaging.py`` checks it): edit both.
 
 A topology option that names no existing file falls back to the packaged
