@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 
 from pipeline.downstream.commands import Command, CommandRecordError, KafkaRecord, consumer_settings
 from pipeline.errors import ConfigError
@@ -244,7 +244,13 @@ class CommandStream:
             self._done.pop(tp, None)
         if not offsets or not self.stores_offsets_in_kafka:
             return
-        await self.consumer.commit(offsets)
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, RebalanceInProgressError) as exc:
+            # The group is moving these partitions: their next owner redoes the commands, and
+            # apply-once makes them repeats. Nothing is lost by going on.
+            log.warning("offsets not committed during a rebalance (%r); the next owner redoes them", exc)
+            return
         self.committed += len(offsets)
 
     async def _on_revoked(self, revoked: Collection[TopicPartition]) -> None:

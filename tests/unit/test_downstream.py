@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import CommitFailedError
 
 from pipeline.contract import command_value
 from pipeline.downstream import (
@@ -181,3 +183,26 @@ def test_command_stream_refuses_settings_that_break_the_contract() -> None:
         CommandStream("127.0.0.1:1", ["t"], group="")
     with pytest.raises(ConfigError, match="topic"):
         CommandStream("127.0.0.1:1", [], group="g")
+
+
+class _RebalancingConsumer:
+    """A consumer whose commit fails because the group is rebalancing (no broker)."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        raise CommitFailedError("the group rebalanced")
+
+
+async def test_a_commit_refused_during_a_rebalance_does_not_end_the_stream() -> None:
+    """CommitFailedError on the periodic commit is logged, not raised: the next owner redoes those commands as repeats."""
+    tp = TopicPartition("cmds", 0)
+    stream = CommandStream("127.0.0.1:1", ["cmds"], group="g")
+    stream.consumer = _RebalancingConsumer(tp)  # type: ignore[assignment]
+    stream._record_done(tp, 5)
+    await stream.commit()
+    assert stream.committed == 0
