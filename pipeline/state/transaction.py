@@ -105,6 +105,9 @@ class PartitionTransaction:
             await self.producer.begin_transaction()
         except ProducerFenced as exc:
             raise PartitionFencedError(f"{self.tp}: fenced by a newer producer") from exc
+        except AssertionError as exc:  # aiokafka asserts on its state machine once its sender went fatal
+            self.broken = True
+            raise TransactionFailedError(f"{self.tp}: the producer is unusable: {exc}") from exc
         self.in_transaction = True
         self.opened_at = time.monotonic()
         self.records = 0
@@ -237,6 +240,10 @@ class PartitionTransaction:
         except (KafkaError, IllegalOperation) as exc:
             await self.abort()
             raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
+        except AssertionError as exc:  # aiokafka's state machine once its sender went fatal
+            self.broken = True  # nothing more can be sent with it: the partition is reopened
+            self._reset()
+            raise TransactionFailedError(f"{self.tp}: the producer is unusable: {exc}") from exc
         committed = self.records
         try:
             changelog_offset = None

@@ -232,11 +232,14 @@ class Worker:
             self._commits[tp] = asyncio.create_task(self._commit(part))
 
     async def _commit(self, part: Partition) -> None:
+        """A background commit; what it cannot recover from stops the worker instead of a stuck partition."""
         try:
             await part.commit()
             if part.serving and part.store is not None:
                 observe_store(self.metrics, part)
             self._backpressure(part)
+        except PipelineError as exc:
+            self._fail(exc)
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]

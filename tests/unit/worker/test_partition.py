@@ -523,3 +523,26 @@ async def test_close_with_commit_on_a_clean_stop_commits_the_open_transaction(op
     assert _command_keys(h.producer) == K[:2]
     assert h.part.state is S.CLOSED
     assert h.producer.stopped
+
+
+FATAL = "Invalid state transition TransactionState.FATAL_ERROR -> TransactionState.IN_TRANSACTION"
+
+
+@pytest.mark.parametrize("at", ["begin", "commit"])
+async def test_a_producer_gone_fatal_makes_the_partition_broken_without_committing(
+    open_partition: Opener, at: str
+) -> None:
+    """aiokafka asserts on its state machine once its sender died: BROKEN (reopened), nothing committed or claimed."""
+    h = await open_partition()
+    h.producer.fail[at].append(AssertionError(FATAL))
+    h.part.feed(records(0, 10, K[:2]))
+    await h.part.work()
+    await h.part.commit()
+    assert h.part.state is S.BROKEN
+    assert h.producer.committed == []
+    assert h.producer.offsets == []
+    assert _claimed(h, *K[:2]) == set()
+    assert h.part.txn is not None
+    assert not h.part.txn.in_transaction
+    await h.part.close(commit=True)
+    assert h.part.state is S.CLOSED
