@@ -24,7 +24,7 @@ from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import Topology
 from pipeline.worker.emitter import Emitter, OutputTopics
 from pipeline.worker.event_stage import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
-from pipeline.worker.metrics import NullRecorder, Recorder, Tally
+from pipeline.worker.metrics import NullRecorder, Recorder
 from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class EffectStage:
         self.txn = txn
         self.outputs = outputs
         self.chunk_records = chunk_records
-        self.recorder = Tally(recorder or NullRecorder())
+        self.recorder: Recorder = recorder or NullRecorder()  # a partition's Tally: flushed at its commit
         self.emit = Emitter(txn, topics=topology.topics, outputs=outputs, recorder=self.recorder)
         self._command_topics = frozenset(topology.command_topics())
         self._poison: Mapping[int, Poison] = {}
@@ -72,7 +72,6 @@ class EffectStage:
             except Exception as exc:
                 raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
             txn.consumed(delivery.offset, delivery.timestamp)
-        self.recorder.flush()
 
     def _problem(self, delivery: Delivery, command: Mapping[str, Any] | None) -> tuple[str, str] | None:
         """Why an effects-topic record cannot be handled, as (reason, error), or ``None``."""

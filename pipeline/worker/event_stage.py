@@ -21,7 +21,7 @@ from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Expiry, Route, Topology
 from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
 from pipeline.worker.emitter import Emitter, OutputTopics
-from pipeline.worker.metrics import NullRecorder, Recorder, Tally
+from pipeline.worker.metrics import NullRecorder, Recorder
 from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class EventStage:
         self.txn = txn
         self.outputs = outputs
         self.chunk_records = chunk_records
-        self.recorder = Tally(recorder or NullRecorder())  # flushed after each chunk
+        self.recorder: Recorder = recorder or NullRecorder()  # a partition's Tally: flushed at its commit
         self.emit = Emitter(txn, topics=topology.topics, outputs=outputs, recorder=self.recorder)
         self._routes: dict[tuple[str, str | None], tuple[Route | None, Target | None]] = {}
         self._rules = {
@@ -139,7 +139,6 @@ class EventStage:
             except Exception as exc:
                 raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
             txn.consumed(delivery.offset, delivery.timestamp)
-        self.recorder.flush()
 
     def _classify(self, delivery: Delivery) -> Classified:
         """What ``delivery`` is; poison and out-of-range headers go to the DLQ before anything else."""

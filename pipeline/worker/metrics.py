@@ -49,8 +49,10 @@ class NullRecorder:
 class Tally:
     """A :class:`Recorder` that sums in plain dicts until :meth:`flush` hands the sums on.
 
-    A Prometheus ``inc`` takes a lock; once per label set and chunk of
-    records instead of once per record, counting costs next to nothing.
+    A Prometheus ``inc`` takes a lock; once per label set and transaction
+    instead of once per record, counting costs next to nothing. A partition
+    flushes its tally when its transaction commits and clears it when it
+    aborts, so the metrics count what was committed, once.
     """
 
     def __init__(self, target: Recorder) -> None:
@@ -80,6 +82,10 @@ class Tally:
             self.target.command(topic, count)
         for reason, count in self._dlq.items():
             self.target.dlq(reason, count)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every sum (the transaction they counted was aborted)."""
         self._outcomes.clear()
         self._commands.clear()
         self._dlq.clear()

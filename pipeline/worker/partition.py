@@ -48,7 +48,7 @@ from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.event_stage import EventStage
 from pipeline.worker.lifecycle import Lifecycle, PartitionState
-from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.metrics import Tally, WorkerMetrics
 from pipeline.worker.opening import OPEN_ERRORS, open_store, retry
 from pipeline.worker.poison import RECORD_ERRORS, PoisonTracker
 from pipeline.worker.restore import restore
@@ -90,6 +90,7 @@ class Partition:
         self.rewound_to = 0  # where the last seek moved the consumer (the loop keeps it)
         self.caught_up = False  # everything fetched is handled and the log's end reached (the loop says)
         self.poison = PoisonTracker(self.name)
+        self.tally = Tally(metrics)  # outcomes of the open transaction: flushed at commit, cleared at abort
         self.progress_at = time.monotonic()  # last commit, or last moment with nothing to do
         self.disk_measured_at = 0.0
         self.store: PartitionStore | None = None
@@ -194,7 +195,7 @@ class Partition:
                 classifier=self.classifier,
                 txn=txn,
                 outputs=self.outputs,
-                recorder=self.metrics,
+                recorder=self.tally,
                 chunk_records=self.settings.chunk_records,
             )
         return EffectStage(
@@ -202,7 +203,7 @@ class Partition:
             topology=self.topology,
             txn=txn,
             outputs=self.outputs,
-            recorder=self.metrics,
+            recorder=self.tally,
             chunk_records=self.settings.chunk_records,
         )
 
@@ -257,6 +258,7 @@ class Partition:
 
     async def _rewind(self, first_fetched: int) -> None:
         """Abort the transaction and move the consumer back to its first record; BROKEN if that fails."""
+        self.tally.clear()  # the redo counts them again
         txn = self.txn
         start = first_fetched
         if txn is not None:
@@ -290,12 +292,15 @@ class Partition:
             try:
                 committed, expired = await txn.commit()
             except PartitionFencedError:
+                self.tally.clear()
                 await self._fenced()
                 return
             except TransactionFailedError as exc:
+                self.tally.clear()
                 self._commit_failed(exc, start, count)
                 return
             except StoreError as exc:
+                self.tally.flush()  # the Kafka side is committed: these outcomes happened
                 log.warning("%s: the store write after the commit failed (%s); reopening", self.name, exc)
                 self.lifecycle.move(State.BROKEN)
                 return
@@ -303,6 +308,7 @@ class Partition:
             self._committed(committed, expired, time.perf_counter() - began, end)
 
     def _committed(self, records: int, expired: int, seconds: float, end: int | None) -> None:
+        self.tally.flush()
         self.progress_at = time.monotonic()
         self.poison.committed(end)
         self.metrics.commit_seconds.observe(seconds)
@@ -338,6 +344,7 @@ class Partition:
                 if commit and self.state is State.READY and not txn.broken:
                     try:
                         await txn.commit()
+                        self.tally.flush()
                     except (PartitionFencedError, TransactionFailedError, StoreError) as exc:
                         log.warning("%s: could not commit on close: %s", self.name, exc)
                 else:

@@ -546,3 +546,39 @@ async def test_a_producer_gone_fatal_makes_the_partition_broken_without_committi
     assert not h.part.txn.in_transaction
     await h.part.close(commit=True)
     assert h.part.state is S.CLOSED
+
+
+def _events(h: Any) -> dict[str, float]:
+    """pipeline_events_total by outcome, as Prometheus would scrape it."""
+    counts: dict[str, float] = {}
+    for family in h.part.metrics.registry.collect():
+        if family.name == "pipeline_events":
+            for sample in family.samples:
+                if sample.name == "pipeline_events_total":
+                    outcome = sample.labels["outcome"]
+                    counts[outcome] = counts.get(outcome, 0) + sample.value
+    return counts
+
+
+async def test_records_of_an_aborted_transaction_are_counted_once_when_redone(
+    open_partition: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics count what was committed: a batch aborted (handler error, then a refused commit) and redone counts once."""
+    h = await open_partition()
+    classify = h.part.classifier.classify
+
+    def explode_at_11(delivery: Any) -> Any:
+        if delivery.offset == 11:
+            raise ValueError("a bug in classify")
+        return classify(delivery)
+
+    monkeypatch.setattr(h.part.classifier, "classify", explode_at_11)
+    batch = records(0, 10, K[:3])
+    h.part.feed(batch)
+    await h.part.work()  # 10 handled, 11 raises: aborted
+    h.producer.fail["commit"].append(KafkaTimeoutError())
+    await _handle_and_commit(h, batch)  # redone, then the commit is refused: aborted again
+    assert h.producer.committed == []
+    await _handle_and_commit(h, batch)
+    assert h.producer.committed_offset() == 13
+    assert _events(h) == {"first": 2, "invalid": 1}
