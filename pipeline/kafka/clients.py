@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from pipeline.config import WorkerSettings
+from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 
 
@@ -50,3 +54,39 @@ def restore_consumer(bootstrap: str, *, fetch_bytes: int) -> AIOKafkaConsumer:
         max_partition_fetch_bytes=min(fetch_bytes, 16 * 1024 * 1024),
         fetch_max_bytes=fetch_bytes,
     )
+
+
+async def started_reader(bootstrap: str, *, from_beginning: bool = True) -> AIOKafkaConsumer:
+    """A started group-less read_committed consumer for the tools (tail, inspect, dlq); assign it yourself.
+
+    Raises :class:`BrokerUnavailableError` when the broker cannot be reached.
+    """
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    await asyncio.sleep(0)  # let aiokafka's coordinator task start, or stop() raises CancelledError
+    return consumer
+
+
+async def started_producer(bootstrap: str) -> AIOKafkaProducer:
+    """A started idempotent ``acks=all`` producer for the tools (produce, dlq replay).
+
+    Raises :class:`BrokerUnavailableError` when the broker cannot be reached.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10
+    )
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    return producer

@@ -20,11 +20,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.errors import PipelineError
 from pipeline.kafka.admin import partition_count
+from pipeline.kafka.clients import started_producer, started_reader
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.ops.dlq_records import (
     KEY_SHOWN,
@@ -67,15 +68,7 @@ async def scan(
     count = await partition_count(bootstrap, topic)
     if count is None:
         raise PipelineError(f"topic {topic} does not exist")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
-    await asyncio.sleep(0)  # let aiokafka's coordinator task start, or stop() raises CancelledError
+    consumer = await started_reader(bootstrap)
     try:
         tps = [TopicPartition(topic, p) for p in range(count)]
         consumer.assign(tps)
@@ -168,7 +161,7 @@ async def replay(
     partitions = await partition_count(bootstrap, target)
     if partitions is None:
         raise PipelineError(f"topic {target} does not exist")
-    producer = None if dry_run else await _producer(bootstrap)
+    producer = None if dry_run else await started_producer(bootstrap)
     report, state = ReplayReport(), Scan()
     done: set[tuple[int, int]] = set()
     pending: list[tuple[str, asyncio.Future[Any]]] = []
@@ -211,18 +204,6 @@ async def replay(
             await producer.stop()
     out.flush()
     return report
-
-
-async def _producer(bootstrap: str) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10
-    )
-    try:
-        await producer.start()
-    except KafkaError as exc:
-        await producer.stop()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
-    return producer
 
 
 async def _acked(pending: list[tuple[str, asyncio.Future[Any]]]) -> None:

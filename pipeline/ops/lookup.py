@@ -17,10 +17,11 @@ from urllib.parse import quote
 
 import aiohttp
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from yarl import URL
 
 from pipeline.kafka.admin import partition_count
+from pipeline.kafka.clients import started_reader
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
 from pipeline.worker.event_stage import DEFAULT_COMMAND
@@ -162,11 +163,7 @@ async def from_audit(key: str, topology: Topology, *, bootstrap: str, idle: floa
         return report
     times: list[int] = []
     tp = TopicPartition(audit, owner_partition(key.encode(), count))
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
-    )
-    await consumer.start()
-    await asyncio.sleep(0)  # let aiokafka's coordinator task start before any stop()
+    consumer = await started_reader(bootstrap)
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)

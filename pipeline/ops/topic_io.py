@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import sys
 import time
@@ -11,13 +10,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import TopicPartition
 
 from pipeline import providers
 from pipeline.contract import http_headers_to_kafka
-from pipeline.errors import BrokerUnavailableError, InvalidRecordError, PipelineError
+from pipeline.errors import InvalidRecordError, PipelineError
 from pipeline.kafka.admin import partition_count
+from pipeline.kafka.clients import started_producer, started_reader
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
 
@@ -55,18 +54,7 @@ async def tail(
     count = await partition_count(bootstrap, topic)
     if count is None:
         raise PipelineError(f"topic {topic} does not exist")
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest" if from_beginning else "latest",
-    )
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
-    await asyncio.sleep(0)  # let aiokafka's coordinator task start, or stop() raises CancelledError
+    consumer = await started_reader(bootstrap, from_beginning=from_beginning)
     try:
         tps = [TopicPartition(topic, p) for p in range(count)]
         consumer.assign(tps)
@@ -126,14 +114,7 @@ async def produce_file(
     line skipped (unknown source, no key).
     """
     items = list(read_webhooks(path))
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=10
-    )
-    try:
-        await producer.start()
-    except KafkaError as exc:
-        await producer.stop()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+    producer = await started_producer(bootstrap)
     problems: list[str] = []
     futures = []
     try:
