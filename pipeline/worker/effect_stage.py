@@ -90,7 +90,7 @@ class EffectStage:
             return "bad-effect-record", error
         if not (ttl.isascii() and ttl.isdigit() and len(ttl) <= 15 and 0 < int(ttl) <= MAX_EFFECT_TTL_MS):
             return "bad-effect-record", f"effect TTL {ttl[:40]!r} is not a number of ms in range"
-        if topic not in self._command_topics or topic not in self.outputs.partitions:
+        if topic not in self._command_topics:  # every command topic's layout was read at start
             return "unknown-command-topic", f"command topic {topic[:200]!r} is not one of the topology's"
         return None
 

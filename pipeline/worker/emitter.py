@@ -24,7 +24,14 @@ from pipeline.worker.metrics import Recorder
 
 log = logging.getLogger(__name__)
 
-MAX_DLQ_KEY_BYTES = 16 * 1024  # a longer record key is replaced by its hash in the DLQ record's key
+MAX_DLQ_KEY_BYTES = 16 * 1024  # a longer key is replaced by its hash in DLQ and audit records
+
+
+def _bounded(key: bytes) -> bytes:
+    """``key``, or ``sha256:<hex>`` of it when it is longer than :data:`MAX_DLQ_KEY_BYTES`."""
+    if len(key) <= MAX_DLQ_KEY_BYTES:
+        return key
+    return b"sha256:" + hashlib.sha256(key).hexdigest().encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +102,8 @@ class Emitter:
         topic = self.topics.dlq
         limit = self.outputs.limits.get(topic)
         record_key = delivery.key
-        if record_key is not None and len(record_key) > MAX_DLQ_KEY_BYTES:
-            record_key = b"sha256:" + hashlib.sha256(record_key).hexdigest().encode()
+        if record_key is not None:
+            record_key = _bounded(record_key)
         value = dlq_value(delivery, error=error, reason=reason, max_bytes=limit)
         self.txn.emit(
             topic,
@@ -145,7 +152,7 @@ class Emitter:
         if key_bytes is None and key is not None:
             key_bytes = key.encode()
         if key_bytes is not None and len(key_bytes) > MAX_DLQ_KEY_BYTES:
-            key_bytes = b"sha256:" + hashlib.sha256(key_bytes).hexdigest().encode()
+            key_bytes = _bounded(key_bytes)
             key = key_bytes.decode()
         partition = (
             self.outputs.partition_for(topic, key_bytes)

@@ -182,8 +182,7 @@ class Worker:
             if part.queue and part.state is PartitionState.READY:
                 await part.work()
                 self._backpressure(part)
-                if part.queue or part.txn is not None:
-                    observe_lag(self.metrics, self._require(self._consumer), part)
+                observe_lag(self.metrics, consumer, part)
         if self.settings.commit_policy == "caught-up":
             for tp, part in self._partitions.items():
                 part.caught_up = self._caught_up(consumer, part, fetched=tp in batches)

@@ -246,7 +246,7 @@ class Partition:
                     exc.error,
                 )
             except PartitionFencedError:
-                await self._fenced()
+                self._fenced()
             except (KafkaError, IllegalOperation, TransactionFailedError) as exc:
                 log.warning("%s: batch failed (%r); aborting and redoing", self.name, exc)
                 await self._rewind(records[0].offset)
@@ -272,7 +272,7 @@ class Partition:
         self.generation += 1
         self._seek(self.tp, start)
 
-    async def _fenced(self) -> None:
+    def _fenced(self) -> None:
         log.warning("%s: fenced by a newer owner; dropping the partition", self.name)
         self.lifecycle.move(State.FENCED)
 
@@ -293,7 +293,7 @@ class Partition:
                 committed, expired = await txn.commit()
             except PartitionFencedError:
                 self.tally.clear()
-                await self._fenced()
+                self._fenced()
                 return
             except TransactionFailedError as exc:
                 self.tally.clear()
