@@ -143,14 +143,13 @@ class EventStage:
     def _classify(self, delivery: Delivery) -> Classified:
         """What ``delivery`` is; poison and out-of-range headers go to the DLQ before anything else."""
         poison = self._poison.get(delivery.offset)
-        key = delivery.key.decode("utf-8", "replace") if delivery.key else None
         if poison is not None:
-            return Invalid(poison.reason, poison.error, key, delivery.source)
+            return Invalid(poison.reason, poison.error, _text_key(delivery), delivery.source)
         problem = delivery.problem
         if problem is not None:
             if problem[0] == BAD_TIMESTAMP:
                 delivery.timestamp = self.txn.stream_time  # never let it move stream time (and expire keys)
-            return Invalid(problem[0], problem[1], key, delivery.source)
+            return Invalid(problem[0], problem[1], _text_key(delivery), delivery.source)
         try:
             return self.classifier.classify(delivery)
         except Exception as exc:
@@ -304,3 +303,8 @@ class EventStage:
             extra=replayed_from(delivery),
         )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
+
+
+def _text_key(delivery: Delivery) -> str | None:
+    """The record key as text, for a record that goes to the DLQ before it is classified."""
+    return delivery.key.decode("utf-8", "replace") if delivery.key else None

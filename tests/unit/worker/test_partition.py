@@ -582,3 +582,24 @@ async def test_records_of_an_aborted_transaction_are_counted_once_when_redone(
     await _handle_and_commit(h, batch)
     assert h.producer.committed_offset() == 13
     assert _events(h) == {"first": 2, "invalid": 1}
+
+
+async def test_a_store_held_by_another_owner_is_waited_for_store_lock_wait_then_the_partition_is_unserved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store whose RocksDB lock another owner keeps: retried for store_lock_wait (not the whole open_timeout), then unserved."""
+    path = store_path(tmp_path, TOPOLOGY, GROUP, TP0)
+    bucket_ms = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
+    ours = StoreIdentity(TOPOLOGY.app, GROUP, INPUT, 0, TOPICS.changelog)
+    holder = PartitionStore.open(path, bucket_ms=bucket_ms, identity=ours)
+    try:
+        install(monkeypatch)
+        part = make_partition(tmp_path, open_timeout=30.0, store_lock_wait=1.0)
+        began = time.monotonic()
+        with pytest.raises(PartitionUnservedError, match="lock"):
+            await part.open()
+        elapsed = time.monotonic() - began
+        assert BACKOFF_FIRST <= elapsed < 3.0  # waited, but for the lock wait, not the 30 s open timeout
+        assert part.state is S.CLOSED
+    finally:
+        holder.close()
