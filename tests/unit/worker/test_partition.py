@@ -32,6 +32,7 @@ from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import opening as opening_module
 from pipeline.worker import partition as partition_module
+from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.opening import BACKOFF_FIRST, store_path
 from pipeline.worker.partition import Partition
@@ -603,3 +604,24 @@ async def test_a_store_held_by_another_owner_is_waited_for_store_lock_wait_then_
         assert part.state is S.CLOSED
     finally:
         holder.close()
+
+
+async def test_a_partition_with_work_and_no_commit_for_stuck_after_is_stuck_and_unhealthy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records waiting and no commit for stuck_after seconds: stuck, and /healthz's report says so; idle is never stuck."""
+    install(monkeypatch)
+    part = make_partition(tmp_path, stuck_after=5.0)
+    await part.open()
+    now = time.monotonic()
+    assert not part.stuck(now + 60)  # idle: nothing waits
+    part.feed(records(0, 10, K[:1]))
+    assert not part.stuck(now + 1)
+    assert part.stuck(now + 60)
+    healthy, detail = partition_health([TP0], {TP0: part}, failed=False)
+    assert healthy  # within stuck_after of the last progress
+    part.progress_at = now - 60
+    healthy, detail = partition_health([TP0], {TP0: part}, failed=False)
+    assert not healthy
+    assert detail["partitions"] == {f"{INPUT}-0": "stuck"}
+    await part.close(commit=False)
