@@ -6,10 +6,26 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.producer import sender as aiokafka_sender
 
 from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+
+TXN_RETRY_BACKOFF_MS = 10  # aiokafka's default is 100: the whole latency budget of a commit
+#: How long aiokafka waits before it asks again to add a partition to a transaction while the
+#: previous transaction's markers are still being written (CONCURRENT_TRANSACTIONS). Its own
+#: 20 ms is the largest part of a commit's tail when partitions commit as soon as they are caught
+#: up; the markers of a local commit take a few ms.
+CONCURRENT_TXN_RETRY_S = 0.005
+
+
+def _shorten_concurrent_transactions_wait() -> None:
+    """Set aiokafka's module-level wait (``aiokafka.producer.sender.BACKOFF_OVERRIDE``; no setting has it).
+
+    aiokafka is pinned below 0.15; ``tests/unit/test_kafka.py`` fails if the constant goes away.
+    """
+    aiokafka_sender.BACKOFF_OVERRIDE = CONCURRENT_TXN_RETRY_S
 
 
 def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
@@ -32,6 +48,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
 
 def transactional_producer(settings: WorkerSettings, transactional_id: str) -> AIOKafkaProducer:
     """One partition's producer; starting it fences any older producer with the same id."""
+    _shorten_concurrent_transactions_wait()
     return AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap,
         transactional_id=transactional_id,
@@ -40,6 +57,9 @@ def transactional_producer(settings: WorkerSettings, transactional_id: str) -> A
         max_batch_size=MAX_MESSAGE_BYTES,
         max_request_size=MAX_MESSAGE_BYTES,
         linger_ms=settings.linger_ms,
+        # a transaction begun right after the previous commit meets its markers still being
+        # written (CONCURRENT_TRANSACTIONS); aiokafka waits this long before each retry
+        retry_backoff_ms=TXN_RETRY_BACKOFF_MS,
         client_id=transactional_id,
     )
 

@@ -8,8 +8,8 @@ For a batch of records from one partition:
    its changelog record; commands, audit, DLQ records and reroutes are
    appended with :meth:`PartitionTransaction.emit`, each checked against its
    topic's size limit first;
-3. :meth:`PartitionTransaction.commit`: flush → the consumer offset into the
-   transaction → commit → one RocksDB ``WriteBatch`` (entries, changelog
+3. :meth:`PartitionTransaction.commit`: flush, and the consumer offset into
+   the transaction at the same time (both acknowledged) → commit → one RocksDB ``WriteBatch`` (entries, changelog
    offset, stream time) → expiry of whole buckets.
 
 A crash before the Kafka commit aborts everything (the broker aborts the
@@ -189,15 +189,22 @@ class PartitionTransaction:
         count = batch.record_count()
         if count == 0:
             return
+        batch.close()  # complete: the producer sends it at once instead of lingering for more records
         future = await self.producer.send_batch(batch, slot[0], partition=slot[1])
         self._futures.append(future)
         if slot == (self.changelog.topic, self.changelog.partition):
             self._changelog_sent.append((future, count))
 
     async def _flush(self) -> None:
+        await self._send_all()
+        await self._acknowledged()
+
+    async def _send_all(self) -> None:
         await self.drain()
         for slot in list(self._batches):
             await self._send(slot, self._batches.pop(slot))
+
+    async def _acknowledged(self) -> None:
         if self._futures:
             # read every result, so no failed future is left unretrieved; raise the first failure
             results = await asyncio.gather(*self._futures, return_exceptions=True)
@@ -212,7 +219,7 @@ class PartitionTransaction:
         )
 
     async def commit(self) -> tuple[int, int]:
-        """Commit: flush, offsets, Kafka commit, then one ``WriteBatch`` to the store, then expiry.
+        """Commit: flush and offsets (together), Kafka commit, then one ``WriteBatch`` to the store, then expiry.
 
         Returns (input records committed, keys expired). Raises
         :class:`PartitionFencedError` when another producer took the partition
@@ -230,9 +237,7 @@ class PartitionTransaction:
                 f"{self.tp}: the producer is unusable; the partition must be reopened"
             )
         try:
-            await self._flush()
-            if self.next_offset is not None:
-                await self.producer.send_offsets_to_transaction({self.tp: self.next_offset}, self.group)
+            await self._flush_with_offsets()
             await self.producer.commit_transaction()
         except ProducerFenced as exc:
             self._reset()
@@ -258,6 +263,22 @@ class PartitionTransaction:
         finally:
             self._reset()
         return committed, expired
+
+    async def _flush_with_offsets(self) -> None:
+        """Send what is staged and the input offsets; return once the broker acknowledged both.
+
+        The offsets travel to the coordinators while the records travel to their
+        partitions (one round trip instead of two in a row). Either failing raises,
+        after both have finished, and the transaction is then aborted: nothing of
+        it is committed, offsets included.
+        """
+        await self._send_all()  # first: the partitions join the transaction before the group does
+        steps = [self._acknowledged()]
+        if self.next_offset is not None:
+            steps.append(self.producer.send_offsets_to_transaction({self.tp: self.next_offset}, self.group))
+        for result in await asyncio.gather(*steps, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
     async def abort(self) -> None:
         """Abort the open transaction and forget everything staged."""

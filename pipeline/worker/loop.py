@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+HELD_POLL_MS = 2  # the fetch wait while records wait for their partition's commit to end
+
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """aiokafka swallows what a listener raises: failures are handed to the worker, never raised here."""
@@ -161,12 +163,8 @@ class Worker:
 
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
-        waiting = any(p.queue and p.state is PartitionState.READY for p in self._partitions.values())
         before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
-        batches = await consumer.getmany(
-            timeout_ms=0 if waiting else int(self.settings.commit_interval * 500),
-            max_records=self.settings.max_batch,
-        )
+        batches = await consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.settings.max_batch)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
             if part is None or not part.serving:
@@ -189,6 +187,18 @@ class Worker:
         self._commit_due()
         await self._reap()
         self._watch()
+
+    def _poll_ms(self) -> int:
+        """How long a fetch may wait: not at all when records wait to be handled, briefly when
+        records wait for their partition's commit to end (so they follow it at once), else up
+        to half the commit interval."""
+        held = False
+        for part in self._partitions.values():
+            if part.queue:
+                if part.state is PartitionState.READY:
+                    return 0
+                held = held or part.state is PartitionState.COMMITTING
+        return HELD_POLL_MS if held else int(self.settings.commit_interval * 500)
 
     @staticmethod
     def _caught_up(consumer: AIOKafkaConsumer, part: Partition, *, fetched: bool) -> bool:

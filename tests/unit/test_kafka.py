@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
+from aiokafka.producer import sender
 
+from pipeline.config import WorkerSettings
 from pipeline.kafka import KeyPartitioner, murmur2, owner_partition
+from pipeline.kafka.clients import CONCURRENT_TXN_RETRY_S, TXN_RETRY_BACKOFF_MS, transactional_producer
 
 
 @pytest.mark.parametrize("length", range(80))
@@ -42,3 +46,12 @@ def test_key_partitioner_places_keys_as_owner_partition_does() -> None:
     for key in (b"k1", b"k2", b"k3", b"k1"):
         for count in (1, 4, 12):
             assert partitioner(key, count) == owner_partition(key, count)
+
+
+async def test_transactional_producers_retry_a_concurrent_transaction_after_5_ms(tmp_path: Path) -> None:
+    """Making a transactional producer shortens aiokafka's 20 ms CONCURRENT_TRANSACTIONS wait (and its retries)."""
+    assert hasattr(sender, "BACKOFF_OVERRIDE"), "aiokafka no longer has the constant: revisit clients.py"
+    settings = WorkerSettings(bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path)
+    producer = transactional_producer(settings, "t-1")
+    assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S
+    assert producer._sender._retry_backoff == TXN_RETRY_BACKOFF_MS / 1000
