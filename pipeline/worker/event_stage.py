@@ -7,6 +7,7 @@ claimed: a key is never claimed without its command.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,15 @@ from aiokafka import TopicPartition
 from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
 from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.errors import RecordTooLargeError
-from pipeline.state.decision import Outcome, decide, fingerprint
+from pipeline.state.decision import (
+    RAW_FINGERPRINT,
+    Entry,
+    Outcome,
+    body_fingerprint,
+    decide,
+    normalised_fingerprint,
+    volatile_pattern,
+)
 from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Expiry, Route, Topology
 from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
@@ -65,6 +74,7 @@ class _Rule:
     ttl_ms: int
     sliding: bool
     volatile: tuple[str, ...]
+    volatile_bytes: re.Pattern[bytes] | None
 
 
 ROUTE_CACHE_SIZE = 4096
@@ -112,6 +122,7 @@ class EventStage:
                 ttl_ms=int(source.ttl.total_seconds() * 1000),
                 sliding=source.expiry is Expiry.SLIDING,
                 volatile=VOLATILE_FIELDS.get(source.provider, ()),
+                volatile_bytes=volatile_pattern(VOLATILE_FIELDS.get(source.provider, ())),
             )
             for name, source in topology.sources.items()
         }
@@ -197,7 +208,7 @@ class EventStage:
             offset=delivery.offset,
             command=target.command,
             topic=target.topic,
-            body_hash=fingerprint(item.event, rule.volatile),
+            body_hash=_fingerprint(existing, delivery.value, item, rule),
         )
         entry, outcome = decision.entry, decision.outcome
         command = None
@@ -303,6 +314,15 @@ class EventStage:
             extra=replayed_from(delivery),
         )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
+
+
+def _fingerprint(existing: Entry | None, body: bytes, item: Accepted, rule: _Rule) -> str:
+    """The copy's body fingerprint, of the kind ``existing`` holds (an entry from before raw fingerprints
+    holds a normalised one: comparing the two kinds would make every such duplicate a conflict)."""
+    held = existing.body_hash if existing is not None else None
+    if held is not None and not held.startswith(RAW_FINGERPRINT):
+        return normalised_fingerprint(item.event, rule.volatile)
+    return body_fingerprint(body, rule.volatile_bytes)
 
 
 def _text_key(delivery: Delivery) -> str | None:

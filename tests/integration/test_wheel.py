@@ -134,12 +134,16 @@ def _install_with_guard(root: Path, wheel: Path) -> None:
     (site / "_wheel_test_guard.py").write_text(
         "import sys\n"
         f"REFUSED = frozenset({refused!r})\n"
-        "class Guard:\n"
-        "    @staticmethod\n"
-        "    def find_spec(name, path=None, target=None):\n"
+        "class Guard:  # every finder behind it: a refused module is absent, also to find_spec probes\n"
+        "    def __init__(self, inner):\n"
+        "        self.inner = inner\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.partition('.')[0] in REFUSED:\n"
-        "            raise ModuleNotFoundError(f'{name}: not a dependency of the wheel', name=name)\n"
-        "sys.meta_path.insert(0, Guard)\n",
+        "            return None\n"
+        "        return self.inner.find_spec(name, path, target)\n"
+        "    def __getattr__(self, name):\n"
+        "        return getattr(self.inner, name)\n"
+        "sys.meta_path[:] = [Guard(finder) for finder in sys.meta_path]\n",
         encoding="utf-8",
     )
     (site / "_wheel_test_deps.pth").write_text(

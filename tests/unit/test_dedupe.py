@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline.state.decision import Entry, Outcome, decide, fingerprint
+import pytest
+
+from pipeline.state import decision
+from pipeline.state.decision import Entry, Outcome, decide
 
 TTL = 1_000
 
@@ -86,9 +89,55 @@ def test_a_copy_with_another_body_is_a_conflict_and_still_not_processed() -> Non
     assert same.outcome is Outcome.DUPLICATE
 
 
-def test_fingerprints_ignore_volatile_fields_and_key_order() -> None:
-    """Fields a provider changes per attempt, and key order, do not change the fingerprint."""
+def test_normalised_fingerprints_ignore_volatile_fields_and_key_order() -> None:
+    """The older fingerprint: fields a provider changes per attempt, and key order, do not change it."""
     a = {"id": "evt_1", "pending_webhooks": 1, "data": {"x": 1, "y": 2}}
     b = {"data": {"y": 2, "x": 1}, "pending_webhooks": 3, "id": "evt_1"}
-    assert fingerprint(a, ["pending_webhooks"]) == fingerprint(b, ["pending_webhooks"])
-    assert fingerprint(a) != fingerprint(b)
+    assert decision.normalised_fingerprint(a, ["pending_webhooks"]) == decision.normalised_fingerprint(
+        b, ["pending_webhooks"]
+    )
+    assert decision.normalised_fingerprint(a) != decision.normalised_fingerprint(b)
+
+
+STRIPE_VOLATILE = decision.volatile_pattern(["pending_webhooks"])
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 3, "type": "a.b"}',
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks":0, "type": "a.b"}',
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks" :  -2, "type": "a.b"}',
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": null, "type": "a.b"}',
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": "7", "type": "a.b"}',
+    ],
+)
+def test_body_fingerprints_ignore_only_the_providers_volatile_field(retry: bytes) -> None:
+    """A retry whose bytes differ only in the volatile field's value has the first copy's fingerprint."""
+    first = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1, "type": "a.b"}'
+    assert decision.body_fingerprint(retry, STRIPE_VOLATILE) == decision.body_fingerprint(
+        first, STRIPE_VOLATILE
+    )
+    assert decision.body_fingerprint(retry) != decision.body_fingerprint(first)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        b'{"id": "evt_1", "data": {"x": 2}, "pending_webhooks": 1, "type": "a.b"}',  # another value
+        b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1, "type": "a.c"}',  # another type
+        b'{"data": {"x": 1}, "id": "evt_1", "pending_webhooks": 1, "type": "a.b"}',  # re-serialised
+    ],
+)
+def test_body_fingerprints_differ_for_any_other_change_in_the_bytes(other: bytes) -> None:
+    """Any change outside the volatile field, re-serialisation included, gives another fingerprint."""
+    first = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1, "type": "a.b"}'
+    assert decision.body_fingerprint(other, STRIPE_VOLATILE) != decision.body_fingerprint(
+        first, STRIPE_VOLATILE
+    )
+
+
+def test_body_fingerprints_are_marked_as_such() -> None:
+    """Raw fingerprints carry their prefix, so an older entry's normalised one is recognised."""
+    assert decision.body_fingerprint(b"{}").startswith(decision.RAW_FINGERPRINT)
+    assert not decision.normalised_fingerprint({}).startswith(decision.RAW_FINGERPRINT)

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import (
@@ -28,7 +29,8 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.errors import PartitionUnservedError, StoreError
 from pipeline.kafka.partitioner import owner_partition
-from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.decision import Entry, normalised_fingerprint
+from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import opening as opening_module
 from pipeline.worker import partition as partition_module
@@ -220,6 +222,52 @@ async def test_a_copy_in_a_later_transaction_is_a_duplicate_and_makes_no_command
     assert _command_keys(h.producer) == [K[0]]
     assert [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)] == ["first", "duplicate"]
     assert h.producer.offsets[-1] == (TP0, 12, GROUP)
+
+
+def _stripe_body(key: str, *, pending: int, amount: int = 100) -> bytes:
+    """A Stripe event as Stripe sends it: ``pending_webhooks`` changes from one attempt to the next."""
+    event_id = key.split(":", 1)[1]
+    return (
+        b'{"id": "%s", "object": "event", "data": {"object": {"amount": %d}}, '
+        b'"pending_webhooks": %d, "type": "charge.succeeded"}' % (event_id.encode(), amount, pending)
+    )
+
+
+async def test_a_retry_differing_only_in_a_volatile_field_is_a_duplicate_and_another_body_a_conflict(
+    open_partition: Opener,
+) -> None:
+    """Stripe's retry (another pending_webhooks) is a duplicate; a copy whose body differs otherwise is a conflict; neither makes a command."""
+    h = await open_partition()
+    await _handle_and_commit(h, [record(10, K[0], value=_stripe_body(K[0], pending=1))])
+    await _handle_and_commit(h, [record(11, K[0], value=_stripe_body(K[0], pending=3))])
+    await _handle_and_commit(h, [record(12, K[0], value=_stripe_body(K[0], pending=3, amount=999))])
+    assert _command_keys(h.producer) == [K[0]]
+    outcomes = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
+    assert outcomes == ["first", "duplicate", "conflict"]
+
+
+async def test_a_key_stored_with_an_older_normalised_fingerprint_is_compared_by_that_fingerprint(
+    open_partition: Opener,
+) -> None:
+    """An entry written before raw-body fingerprints: a retry is still a duplicate, a changed body still a conflict."""
+    h = await open_partition()
+    store = h.part.store
+    assert store is not None
+    first = _stripe_body(K[0], pending=1)
+    legacy = normalised_fingerprint(orjson.loads(first), ["pending_webhooks"])
+    entry = Entry(T0, T0 + 86_400_000, 0, 5, last_seen=T0, command="handle", topic="t", body_hash=legacy)
+    store.write({K[0].encode(): Change.of(entry)}, changelog_offset=None, stream_time=T0)
+    event_id = K[0].split(":", 1)[1]
+    reordered = (  # the same event, another pending_webhooks, keys in another order
+        f'{{"type": "charge.succeeded", "pending_webhooks": 2, "data": {{"object": {{"amount": 100}}}}, '
+        f'"object": "event", "id": "{event_id}"}}'
+    ).encode()
+    assert orjson.loads(reordered) == {**orjson.loads(first), "pending_webhooks": 2}
+    await _handle_and_commit(h, [record(10, K[0], value=reordered)])
+    await _handle_and_commit(h, [record(11, K[0], value=_stripe_body(K[0], pending=1, amount=5))])
+    assert _command_keys(h.producer) == []
+    outcomes = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
+    assert outcomes == ["duplicate", "conflict"]
 
 
 # -- bad input ---------------------------------------------------------------------------
