@@ -18,6 +18,11 @@ def murmur2(data: bytes) -> int:
     return _murmurhash2(data, KAFKA_SEED)
 
 
+def key_hash(key: bytes) -> int:
+    """The non-negative hash the default partitioner takes modulo the partition count."""
+    return _murmurhash2(key, KAFKA_SEED) & 0x7FFFFFFF
+
+
 def owner_partition(key: bytes, partitions: int) -> int:
     """The partition the Java client's default partitioner gives ``key`` (murmur2)."""
     return (_murmurhash2(key, KAFKA_SEED) & 0x7FFFFFFF) % partitions

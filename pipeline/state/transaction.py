@@ -29,7 +29,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
-from pipeline.dead_letter import record_size
+from pipeline.dead_letter import RECORD_OVERHEAD, record_size
 from pipeline.errors import PartitionFencedError, PipelineError, RecordTooLargeError, StoreError
 from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore
@@ -128,7 +128,11 @@ class PartitionTransaction:
     def fits(self, topic: str, key: bytes | None, value: bytes, headers: list[Header] | None = None) -> bool:
         """Whether a record of this size is within ``topic``'s limit."""
         limit = self.limits.get(topic)
-        return limit is None or record_size(key, value, headers or _NO_HEADERS) <= limit
+        if limit is None:
+            return True
+        if headers:
+            return record_size(key, value, headers) <= limit
+        return RECORD_OVERHEAD + len(value) + (len(key) if key is not None else 0) <= limit
 
     def consumed(self, offset: int, timestamp: int) -> None:
         """Mark input ``offset`` as handled in this transaction."""

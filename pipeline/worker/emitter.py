@@ -59,12 +59,22 @@ class Emitter:
         self.recorder = recorder
 
     def command(
-        self, topic: str, key: bytes, value: bytes, *, timestamp: int, headers: list[Header] | None = None
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        *,
+        timestamp: int,
+        headers: list[Header] | None = None,
+        hashed: int | None = None,
     ) -> None:
-        """A command (or an effect-stage record) keyed by ``key``, on the partition murmur2 gives it."""
+        """A command (or an effect-stage record) keyed by ``key``, on the partition murmur2 gives it
+        (``hashed``: ``key``'s :func:`~pipeline.kafka.partitioner.key_hash`, when the caller has it)."""
         self.txn.emit(
             topic,
-            self.outputs.partition_for(topic, key),
+            self.outputs.partition_for(topic, key)
+            if hashed is None
+            else hashed % self.outputs.partitions[topic],
             key=key,
             value=value,
             timestamp=timestamp,
@@ -146,19 +156,23 @@ class Emitter:
         extra: Mapping[str, Any] | None = None,
         key_bytes: bytes | None = None,
         received_at: int | None = None,
+        hashed: int | None = None,
     ) -> None:
-        """The audit record of one input record, on the audit partition of its key."""
+        """The audit record of one input record, on the audit partition of its key (``hashed``: the key's
+        :func:`~pipeline.kafka.partitioner.key_hash`, when the caller has it)."""
         topic = self.topics.audit
         if key_bytes is None and key is not None:
             key_bytes = key.encode()
         if key_bytes is not None and len(key_bytes) > MAX_DLQ_KEY_BYTES:
             key_bytes = _bounded(key_bytes)
             key = key_bytes.decode()
-        partition = (
-            self.outputs.partition_for(topic, key_bytes)
-            if key_bytes is not None
-            else delivery.partition % self.outputs.partitions[topic]
-        )
+            hashed = None  # the bounded key is placed, not the original
+        if key_bytes is None:
+            partition = delivery.partition % self.outputs.partitions[topic]
+        elif hashed is None:
+            partition = self.outputs.partition_for(topic, key_bytes)
+        else:
+            partition = hashed % self.outputs.partitions[topic]
         value = audit_value(
             key=key,
             outcome=outcome,

@@ -17,6 +17,7 @@ from aiokafka import TopicPartition
 from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
 from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.errors import RecordTooLargeError
+from pipeline.kafka.partitioner import key_hash
 from pipeline.state.decision import (
     RAW_FINGERPRINT,
     Entry,
@@ -78,6 +79,7 @@ class _Rule:
 
 
 ROUTE_CACHE_SIZE = 4096
+_FIRST, _CONFLICT = Outcome.FIRST, Outcome.CONFLICT  # compared for every record
 
 
 def replayed_from(delivery: Delivery) -> dict[str, str]:
@@ -127,6 +129,7 @@ class EventStage:
             for name, source in topology.sources.items()
         }
         self._poison: Mapping[int, Poison] = {}
+        self._debug = False
 
     async def handle(self, records: Sequence[Any], poison: Mapping[int, Poison]) -> None:
         """Process consumer records of this partition into the open transaction."""
@@ -135,6 +138,7 @@ class EventStage:
 
     def _chunk(self, records: Sequence[Any]) -> None:
         txn = self.txn
+        self._debug = log.isEnabledFor(logging.DEBUG)  # asked once per chunk, not per record
         deliveries = Delivery.from_records(records)
         classified = [self._classify(d) for d in deliveries]
         keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
@@ -187,21 +191,22 @@ class EventStage:
     def _accepted(self, delivery: Delivery, item: Accepted, known: dict[bytes, Any]) -> None:
         """Decide; build the command and check it fits *before* the key is claimed; then stage and emit."""
         txn = self.txn
-        source = item.source
-        route, target = self._route(source.name, item)
+        source = item.source.name
+        route, target = self._route(source, item)
         if target is None:
             target = resolve_target(self.topology, route, item)
-        if target is None:
-            effect_path = route.effect_key if route else None
-            error = f"the event has no value at effect_key {effect_path!r}"
-            self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source.name))
-            return
-        rule = self._rules[source.name]
+            if target is None:
+                effect_path = route.effect_key if route else None
+                error = f"the event has no value at effect_key {effect_path!r}"
+                self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source))
+                return
+        rule = self._rules[source]
         key_bytes = item.key_bytes
+        timestamp = delivery.timestamp
         existing = txn.staged(key_bytes) or known.get(key_bytes)
-        decision = decide(
+        outcome, entry, previous = decide(
             existing,
-            timestamp=delivery.timestamp,
+            timestamp=timestamp,
             ttl_ms=rule.ttl_ms,
             sliding=rule.sliding,
             partition=delivery.partition,
@@ -210,30 +215,25 @@ class EventStage:
             topic=target.topic,
             body_hash=_fingerprint(existing, delivery.value, item, rule),
         )
-        entry, outcome = decision.entry, decision.outcome
+        placed = key_hash(key_bytes)  # the audit's partition, and the command's when keyed by the event key
         command = None
-        if outcome is Outcome.FIRST and target.topic is not None and target.command is not None:
+        if outcome is _FIRST and target.topic is not None and target.command is not None:
             command = self._command(delivery, item, target)
             if not self.emit.command_fits(*command):
-                out_topic = command[0]
-                error = f"its command of {len(command[2])} bytes is larger than {out_topic} takes"
-                self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source.name))
+                error = f"its command of {len(command[2])} bytes is larger than {command[0]} takes"
+                self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source))
                 return
-        txn.stage(key_bytes, entry, decision.previous, timestamp=delivery.timestamp)
+        txn.stage(key_bytes, entry, previous, timestamp=timestamp)
         if command is not None:
             out_topic, out_key, value, headers = command
-            self.emit.command(out_topic, out_key, value, timestamp=delivery.timestamp, headers=headers)
             if target.effect_key is None:
+                self.emit.command(
+                    out_topic, out_key, value, timestamp=timestamp, headers=headers, hashed=placed
+                )
                 self.recorder.command(out_topic)
-        extra: dict[str, Any] = {}
-        if outcome is Outcome.FIRST and decision.previous is not None:
-            extra["previous_expired_at"] = decision.previous.expires_at
-        if target.topic is None:
-            extra["dropped_by_route"] = True
-        if target.effect_key is not None:
-            extra["effect_key"] = target.effect_key
-        extra.update(replayed_from(delivery))
-        if outcome is Outcome.CONFLICT:
+            else:
+                self.emit.command(out_topic, out_key, value, timestamp=timestamp, headers=headers)
+        if outcome is _CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
                 self.name,
@@ -244,16 +244,18 @@ class EventStage:
         self.emit.audit(
             delivery,
             key=item.key,
-            outcome=outcome.value,
+            outcome=outcome,
             first_seen_at=entry.first_seen,
-            source=source.name,
+            source=source,
             event_type=item.event_type,
             expires_at=entry.expires_at,
-            extra=extra,
+            extra=_audit_extra(delivery, target, previous if outcome is _FIRST else None),
             key_bytes=key_bytes,
+            hashed=placed,
         )
-        log.debug("%s key=%s offset=%s outcome=%s", self.name, item.key, delivery.offset, outcome)
-        self.recorder.outcome(source.name, outcome.value)
+        if self._debug:
+            log.debug("%s key=%s offset=%s outcome=%s", self.name, item.key, delivery.offset, outcome)
+        self.recorder.outcome(source, outcome)
 
     def _command(
         self, delivery: Delivery, item: Accepted, target: Target
@@ -314,6 +316,21 @@ class EventStage:
             extra=replayed_from(delivery),
         )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
+
+
+def _audit_extra(delivery: Delivery, target: Target, claimed_over: Entry | None) -> dict[str, Any] | None:
+    """The audit fields beyond the common ones (None when there are none, as for most records)."""
+    extra: dict[str, Any] | None = replayed_from(delivery) or None
+    if claimed_over is None and target.topic is not None and target.effect_key is None:
+        return extra
+    extra = extra or {}
+    if claimed_over is not None:
+        extra["previous_expired_at"] = claimed_over.expires_at
+    if target.topic is None:
+        extra["dropped_by_route"] = True
+    if target.effect_key is not None:
+        extra["effect_key"] = target.effect_key
+    return extra
 
 
 def _fingerprint(existing: Entry | None, body: bytes, item: Accepted, rule: _Rule) -> str:
