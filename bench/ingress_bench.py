@@ -172,7 +172,12 @@ secrets = ["{SECRET_ENV}"]
 
 
 async def _run_in_background(url: str, args: argparse.Namespace) -> dict[str, object]:
-    return await asyncio.to_thread(_run_load, url, args)
+    """The load against ``url``, and the server's CPU per request (this process serves; the load is another)."""
+    cpu = time.process_time()
+    result = await asyncio.to_thread(_run_load, url, args)
+    served = int(result["done"]) + args.warmup  # type: ignore[call-overload]
+    result["cpu_us"] = (time.process_time() - cpu) / max(served, 1) * 1e6
+    return result
 
 
 async def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
@@ -221,9 +226,10 @@ def _machine() -> str:
 
 def _table(results: list[tuple[str, dict[str, object]]]) -> str:
     base = float(results[0][1]["rps"])  # type: ignore[arg-type]
+    base_cpu = float(results[0][1]["cpu_us"])  # type: ignore[arg-type]
     lines = [
-        "| server | req/s | p50 ms | p99 ms | ratio | requests | statuses |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| server | req/s | p50 ms | p99 ms | ratio | server CPU µs/request | CPU ratio | requests | statuses |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in results:
         rps = float(r["rps"])  # type: ignore[arg-type]
@@ -232,7 +238,8 @@ def _table(results: list[tuple[str, dict[str, object]]]) -> str:
             statuses += f", errors: {r['errors']}"
         lines.append(
             f"| {name} | {rps:,.0f} | {float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f} "  # type: ignore[arg-type]
-            f"| {rps / base if base else 0:.2f} | {r['done']} | {statuses} |"
+            f"| {rps / base if base else 0:.2f} | {float(r['cpu_us']):.0f} "  # type: ignore[arg-type]
+            f"| {base_cpu / float(r['cpu_us']):.2f} | {r['done']} | {statuses} |"  # type: ignore[arg-type]
         )
     return "\n".join(lines)
 

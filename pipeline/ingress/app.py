@@ -82,6 +82,8 @@ class _Source:
 
 def _printable(text: str, limit: int = 200) -> str:
     """``text`` safe for one log line or a JSON reason (no control characters, bounded)."""
+    if len(text) <= limit and text.isprintable():
+        return text  # the usual key: nothing to escape or cut
     cleaned = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text[:limit])
     return cleaned + ("…" if len(text) > limit else "")
 
@@ -145,8 +147,7 @@ class _Handlers:
             status = response.status
             return response
         finally:
-            self.metrics.requests.labels(label, str(status)).inc()
-            self.metrics.request_seconds.labels(label).observe(time.perf_counter() - started)
+            self.metrics.request(label, status, time.perf_counter() - started)
 
     async def _webhook(self, request: web.Request, name: str, source: _Source | None) -> web.Response:
         received_at = self.clock()
@@ -206,7 +207,8 @@ class _Handlers:
         )
         shown = _printable(key)
         try:
-            produced: Produced = await asyncio.wait_for(self.sink.send(record), self.produce_timeout)
+            async with asyncio.timeout(self.produce_timeout):  # no task per request, unlike wait_for
+                produced: Produced = await self.sink.send(record)
         except TimeoutError:
             error = BrokerUnavailableError(f"Kafka did not acknowledge within {self.produce_timeout:g}s")
             log.warning("deferred webhook key=%s: 503 %s", shown, error)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,6 +26,17 @@ class IngressMetrics:
     requests: Counter
     request_seconds: Histogram
     body_bytes: Histogram
+    #: labelled children, looked up once per label set instead of per request (bounded: sources x statuses)
+    _children: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict, repr=False)
+
+    def request(self, source: str, status: int, seconds: float) -> None:
+        """Count one answered request and observe its latency."""
+        children = self._children.get((source, status))
+        if children is None:
+            children = (self.requests.labels(source, str(status)), self.request_seconds.labels(source))
+            self._children[(source, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     @classmethod
     def create(cls) -> IngressMetrics:
