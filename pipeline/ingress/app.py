@@ -219,7 +219,7 @@ class _Handlers:
         except RecordTooLargeForBrokerError as exc:
             log.warning("refused webhook key=%s: 413 %s", shown, exc)
             return self._refuse(413, exc)
-        log.info(
+        log.debug(  # one per request: DEBUG, as the worker's per-delivery line (docs/operations.md, Logs)
             "accepted webhook key=%s partition=%s offset=%s bytes=%s",
             shown,
             produced.partition,
