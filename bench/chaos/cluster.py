@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from workload import Item, Materializer
@@ -207,18 +208,21 @@ class InputProducer:
         self.materializer = materializer
         self.stream = stream
         self.rate = rate
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 10,
-                "partitioner": "murmur2_random",  # the Java client's partitioner, as the contract asks
-                "message.timeout.ms": 600_000,  # ride out broker restarts instead of failing
-                "queue.buffering.max.messages": 200_000,
-                "queue.buffering.max.kbytes": 512 * 1024,
-            }
-        )
+        self.config = {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 10,
+            "partitioner": "murmur2_random",  # the Java client's partitioner, as the contract asks
+            "message.timeout.ms": 600_000,  # ride out broker restarts instead of failing
+            "queue.buffering.max.messages": 200_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "reconnect.backoff.max.ms": 1_000,  # back within a second of the broker, not ten
+            "error_cb": self._on_error,
+        }
+        self.producer = Producer(self.config)
+        self.fatal = threading.Event()  # librdkafka's idempotent producer gave up: replace it
+        self.replaced = 0
         self.extra: collections.deque[Item] = collections.deque()
         self.lock = threading.Lock()
         self.acked: set[int] = set()
@@ -233,6 +237,23 @@ class InputProducer:
     def add(self, items: list[Item]) -> None:
         with self.lock:
             self.extra.extend(items)
+
+    def _on_error(self, err: Any) -> None:
+        if err.fatal():
+            self.errors.append(f"fatal: {err}")
+            self.fatal.set()
+
+    def _replace_if_fatal(self) -> None:
+        """After a fatal error (an idempotent producer that lost its sequence across a broker
+        restart) nothing more is delivered: purge it (its records come back through their
+        delivery reports, into ``extra``) and produce the rest with a new producer."""
+        if not self.fatal.is_set():
+            return
+        self.producer.purge()
+        self.producer.flush(5)  # serves the purged records' delivery reports
+        self.producer = Producer(self.config)
+        self.fatal.clear()
+        self.replaced += 1
 
     def _on_delivery(self, item: Item, err: object, _msg: object) -> None:
         if err is None:
@@ -271,18 +292,27 @@ class InputProducer:
                 if item.copy == 0 and not item.malformed:
                     self.high_event = max(self.high_event, item.event)
                 index += 1
-            while True:
-                with self.lock:
-                    item = self.extra.popleft() if self.extra else None
-                if item is None:
-                    break
-                self._send(item)
+            self._send_extra()
             self.producer.poll(0)
+            self._replace_if_fatal()
             if index >= len(self.stream) and not self.extra and self.finishing.is_set():
                 break
             time.sleep(0.02)
-        self.producer.flush(120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            self._replace_if_fatal()
+            self._send_extra()  # failed deliveries, a replaced producer's purged records included
+            if self.producer.flush(1) == 0 and not self.extra:
+                break
         self.done.set()
+
+    def _send_extra(self) -> None:
+        while True:
+            with self.lock:
+                item = self.extra.popleft() if self.extra else None
+            if item is None:
+                return
+            self._send(item)
 
     def start(self) -> None:
         self.thread.start()

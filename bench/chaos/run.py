@@ -479,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             raise HarnessError("the producer could not deliver the workload in time")
         if producer.errors:
             run.say(f"producer: {len(producer.errors)} delivery errors (re-produced): {producer.errors[:3]}")
+        if producer.replaced:
+            run.say(f"producer: replaced {producer.replaced} time(s) after a fatal error")
         run.say(f"produced {producer.sent} records ({len(producer.acked)} acked); waiting for the workers")
         wait_drained(run, monitor, workers, deadline)
         run.say("drained; stopping the workers with SIGTERM")

@@ -12,7 +12,6 @@ from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 
-TXN_RETRY_BACKOFF_MS = 10  # aiokafka's default is 100: the whole latency budget of a commit
 #: How long aiokafka waits before it asks again to add a partition to a transaction while the
 #: previous transaction's markers are still being written (CONCURRENT_TRANSACTIONS). Its own
 #: 20 ms is the largest part of a commit's tail when partitions commit as soon as they are caught
@@ -57,9 +56,6 @@ def transactional_producer(settings: WorkerSettings, transactional_id: str) -> A
         max_batch_size=MAX_MESSAGE_BYTES,
         max_request_size=MAX_MESSAGE_BYTES,
         linger_ms=settings.linger_ms,
-        # a transaction begun right after the previous commit meets its markers still being
-        # written (CONCURRENT_TRANSACTIONS); aiokafka waits this long before each retry
-        retry_backoff_ms=TXN_RETRY_BACKOFF_MS,
         client_id=transactional_id,
     )
 

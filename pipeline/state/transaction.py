@@ -8,8 +8,8 @@ For a batch of records from one partition:
    its changelog record; commands, audit, DLQ records and reroutes are
    appended with :meth:`PartitionTransaction.emit`, each checked against its
    topic's size limit first;
-3. :meth:`PartitionTransaction.commit`: flush, and the consumer offset into
-   the transaction at the same time (both acknowledged) → commit → one RocksDB ``WriteBatch`` (entries, changelog
+3. :meth:`PartitionTransaction.commit`: flush → the consumer offset into the
+   transaction → commit → one RocksDB ``WriteBatch`` (entries, changelog
    offset, stream time) → expiry of whole buckets.
 
 A crash before the Kafka commit aborts everything (the broker aborts the
@@ -200,15 +200,9 @@ class PartitionTransaction:
             self._changelog_sent.append((future, count))
 
     async def _flush(self) -> None:
-        await self._send_all()
-        await self._acknowledged()
-
-    async def _send_all(self) -> None:
         await self.drain()
         for slot in list(self._batches):
             await self._send(slot, self._batches.pop(slot))
-
-    async def _acknowledged(self) -> None:
         if self._futures:
             # read every result, so no failed future is left unretrieved; raise the first failure
             results = await asyncio.gather(*self._futures, return_exceptions=True)
@@ -223,7 +217,7 @@ class PartitionTransaction:
         )
 
     async def commit(self) -> tuple[int, int]:
-        """Commit: flush and offsets (together), Kafka commit, then one ``WriteBatch`` to the store, then expiry.
+        """Commit: flush, offsets, Kafka commit, then one ``WriteBatch`` to the store, then expiry.
 
         Returns (input records committed, keys expired). Raises
         :class:`PartitionFencedError` when another producer took the partition
@@ -269,20 +263,17 @@ class PartitionTransaction:
         return committed, expired
 
     async def _flush_with_offsets(self) -> None:
-        """Send what is staged and the input offsets; return once the broker acknowledged both.
+        """Send what is staged, wait for the acknowledgements, then put the input offset into the transaction.
 
-        The offsets travel to the coordinators while the records travel to their
-        partitions (one round trip instead of two in a row). Either failing raises,
-        after both have finished, and the transaction is then aborted: nothing of
-        it is committed, offsets included.
+        In this order, not at the same time: a transaction begun right after the previous
+        commit can meet that commit's markers still being written, and the group
+        coordinator then refuses the offsets with COORDINATOR_NOT_AVAILABLE, which aiokafka
+        retries only after ``retry_backoff_ms`` (100 ms). Sent after the records, the offsets
+        meet that far less often (measured: p99 of a commit 43 against 120 ms).
         """
-        await self._send_all()  # first: the partitions join the transaction before the group does
-        steps = [self._acknowledged()]
+        await self._flush()
         if self.next_offset is not None:
-            steps.append(self.producer.send_offsets_to_transaction({self.tp: self.next_offset}, self.group))
-        for result in await asyncio.gather(*steps, return_exceptions=True):
-            if isinstance(result, BaseException):
-                raise result
+            await self.producer.send_offsets_to_transaction({self.tp: self.next_offset}, self.group)
 
     async def abort(self) -> None:
         """Abort the open transaction and forget everything staged."""

@@ -24,6 +24,7 @@ def test_quick_chaos_run_passes() -> None:
         check=False,
     )
     output = result.stdout + result.stderr
-    tail = "\n".join(output.splitlines()[-80:])
+    # librdkafka's own lines ("%3|…|FAIL|rdkafka#…") would fill the tail during the broker restart
+    tail = "\n".join([line for line in output.splitlines() if not line.startswith("%")][-80:])
     assert result.returncode == 0, f"chaos run exited {result.returncode}:\n{tail}"
     assert result.stdout.rstrip().splitlines()[-1] == "PASS", tail
