@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from pipeline.errors import PartitionUnservedError
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.loop import Worker
+from pipeline.worker.loop import HELD_POLL_MS, Worker
 from pipeline.worker.opening import store_path
 
 from .fakes import (
@@ -322,3 +323,25 @@ async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the
     producer = w.clients.producers.of(0)
     await eventually(lambda: producer.offsets == [(tp(0), 3, GROUP)])
     assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 3)
+
+
+@pytest.mark.parametrize(
+    ("partitions", "expected"),
+    [
+        ([], 50),  # nothing waits: up to half the commit interval
+        ([(PartitionState.READY, 0)], 50),
+        ([(PartitionState.COMMITTING, 3)], HELD_POLL_MS),  # records wait for a commit: follow it at once
+        ([(PartitionState.COMMITTING, 3), (PartitionState.READY, 2)], 0),  # records wait to be handled
+        ([(PartitionState.OPENING, 3)], 50),
+    ],
+)
+def test_the_fetch_waits_only_as_long_as_nothing_is_held(
+    partitions: list[tuple[PartitionState, int]], expected: int
+) -> None:
+    """The poll timeout: 0 with handleable records, HELD_POLL_MS while records wait for their commit, else interval/2."""
+    parts = {
+        tp(i): SimpleNamespace(state=state, queue=[object()] * queued)
+        for i, (state, queued) in enumerate(partitions)
+    }
+    worker = SimpleNamespace(_partitions=parts, settings=SimpleNamespace(commit_interval=0.1))
+    assert Worker._poll_ms(worker) == expected  # type: ignore[arg-type]
