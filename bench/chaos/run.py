@@ -181,6 +181,7 @@ def recovered_at(
     caught = None
     moving: dict[int, float] = {}
     start: dict[int, int] | None = None
+    start_ends: dict[int, int] = {}
     for s in samples:
         if s.at < t0:
             continue
@@ -189,9 +190,17 @@ def recovered_at(
         if start is None:
             if s.at >= completed:
                 start = dict(s.committed)  # the first sample after the fault completed
+                start_ends = dict(s.ends)
             continue
         for p, offset in s.committed.items():
-            if p not in moving and offset > start[p]:
+            if p in moving:
+                continue
+            # it moved; or no record came for it since the fault completed and it holds them all
+            # (once the planned stream has ended, only the held-back duplicates, which are
+            # released after the recovery, would make it move: waiting for them never ends)
+            # (the end may sit one past the committed offset: a transaction marker of a reroute)
+            idle = s.ends[p] == start_ends.get(p) and s.ends[p] - offset <= 1
+            if offset > start[p] or idle:
                 moving[p] = s.at
         if caught is not None and len(moving) == len(baseline.ends):
             done = max(caught, *moving.values())
