@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-HELD_POLL_MS = 2  # the fetch wait while records wait for their partition's commit to end
+HELD_POLL_MS = 2  # the fetch wait while records wait for their partition's commit to end...
+HELD_POLL_FOR = 0.25  # ...for this long: a commit slower than that waits on a broker in trouble
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -80,6 +81,7 @@ class Worker:
         self._classifier: Classifier | None = None
         self._http: web.AppRunner | None = None
         self._commits: dict[TopicPartition, asyncio.Task[None]] = {}
+        self._commit_began: dict[TopicPartition, float] = {}  # monotonic start of each running commit
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -191,13 +193,20 @@ class Worker:
     def _poll_ms(self) -> int:
         """How long a fetch may wait: not at all when records wait to be handled, briefly when
         records wait for their partition's commit to end (so they follow it at once), else up
-        to half the commit interval."""
+        to half the commit interval.
+
+        Only for the first :data:`HELD_POLL_FOR` of a commit: each fetch that finds a fetch
+        error wakes aiokafka's fetcher to try the broker again, so polling every 2 ms through
+        a broker outage would retry (and log) hundreds of times a second.
+        """
         held = False
-        for part in self._partitions.values():
+        now = time.monotonic()
+        for tp, part in self._partitions.items():
             if part.queue:
                 if part.state is PartitionState.READY:
                     return 0
-                held = held or part.state is PartitionState.COMMITTING
+                if part.state is PartitionState.COMMITTING:
+                    held = held or now - self._commit_began.get(tp, now) < HELD_POLL_FOR
         return HELD_POLL_MS if held else int(self.settings.commit_interval * 500)
 
     @staticmethod
@@ -239,6 +248,7 @@ class Worker:
             if tp in self._commits or not part.due():
                 continue
             self._commits[tp] = asyncio.create_task(self._commit(part))
+            self._commit_began[tp] = time.monotonic()
 
     async def _commit(self, part: Partition) -> None:
         """A background commit; what it cannot recover from stops the worker instead of a stuck partition."""
@@ -252,6 +262,7 @@ class Worker:
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]
+                self._commit_began.pop(part.tp, None)
 
     async def _reap(self) -> None:
         """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""

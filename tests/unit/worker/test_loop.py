@@ -8,6 +8,7 @@ open for real (RocksDB in tmp_path) over fake transactional producers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -329,19 +330,24 @@ async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the
     ("partitions", "expected"),
     [
         ([], 50),  # nothing waits: up to half the commit interval
-        ([(PartitionState.READY, 0)], 50),
-        ([(PartitionState.COMMITTING, 3)], HELD_POLL_MS),  # records wait for a commit: follow it at once
-        ([(PartitionState.COMMITTING, 3), (PartitionState.READY, 2)], 0),  # records wait to be handled
-        ([(PartitionState.OPENING, 3)], 50),
+        ([(PartitionState.READY, 0, 0.0)], 50),
+        ([(PartitionState.COMMITTING, 3, 0.01)], HELD_POLL_MS),  # records wait for a commit: follow it
+        ([(PartitionState.COMMITTING, 3, 5.0)], 50),  # a commit stuck on the broker: no busy polling
+        ([(PartitionState.COMMITTING, 3, 0.01), (PartitionState.READY, 2, 0.0)], 0),  # records to handle
+        ([(PartitionState.OPENING, 3, 0.0)], 50),
     ],
 )
 def test_the_fetch_waits_only_as_long_as_nothing_is_held(
-    partitions: list[tuple[PartitionState, int]], expected: int
+    partitions: list[tuple[PartitionState, int, float]], expected: int
 ) -> None:
-    """The poll timeout: 0 with handleable records, HELD_POLL_MS while records wait for their commit, else interval/2."""
+    """The poll timeout: 0 with handleable records, HELD_POLL_MS in a commit's first HELD_POLL_FOR while records wait for it, else interval/2."""
+    now = time.monotonic()
     parts = {
-        tp(i): SimpleNamespace(state=state, queue=[object()] * queued)
-        for i, (state, queued) in enumerate(partitions)
+        tp(i): SimpleNamespace(state=st, queue=[object()] * queued)
+        for i, (st, queued, _) in enumerate(partitions)
     }
-    worker = SimpleNamespace(_partitions=parts, settings=SimpleNamespace(commit_interval=0.1))
+    began = {tp(i): now - age for i, (_, _, age) in enumerate(partitions)}
+    worker = SimpleNamespace(
+        _partitions=parts, _commit_began=began, settings=SimpleNamespace(commit_interval=0.1)
+    )
     assert Worker._poll_ms(worker) == expected  # type: ignore[arg-type]
