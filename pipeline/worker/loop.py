@@ -38,14 +38,12 @@ from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store
+from pipeline.worker.pacing import caught_up, poll_ms
 from pipeline.worker.partition import Partition
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-HELD_POLL_MS = 2  # the fetch wait while records wait for their partition's commit to end...
-HELD_POLL_FOR = 0.25  # ...for this long: a commit slower than that waits on a broker in trouble
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -166,7 +164,8 @@ class Worker:
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
         before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
-        batches = await consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.settings.max_batch)
+        wait = poll_ms(self._partitions, self._commit_began, commit_interval=self.settings.commit_interval)
+        batches = await consumer.getmany(timeout_ms=wait, max_records=self.settings.max_batch)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
             if part is None or not part.serving:
@@ -185,40 +184,10 @@ class Worker:
                 observe_lag(self.metrics, consumer, part)
         if self.settings.commit_policy == "caught-up":
             for tp, part in self._partitions.items():
-                part.caught_up = self._caught_up(consumer, part, fetched=tp in batches)
+                part.caught_up = caught_up(consumer, part, fetched=tp in batches)
         self._commit_due()
         await self._reap()
         self._watch()
-
-    def _poll_ms(self) -> int:
-        """How long a fetch may wait: not at all when records wait to be handled, briefly when
-        records wait for their partition's commit to end (so they follow it at once), else up
-        to half the commit interval.
-
-        Only for the first :data:`HELD_POLL_FOR` of a commit: each fetch that finds a fetch
-        error wakes aiokafka's fetcher to try the broker again, so polling every 2 ms through
-        a broker outage would retry (and log) hundreds of times a second.
-        """
-        held = False
-        now = time.monotonic()
-        for tp, part in self._partitions.items():
-            if part.queue:
-                if part.state is PartitionState.READY:
-                    return 0
-                if part.state is PartitionState.COMMITTING:
-                    held = held or now - self._commit_began.get(tp, now) < HELD_POLL_FOR
-        return HELD_POLL_MS if held else int(self.settings.commit_interval * 500)
-
-    @staticmethod
-    def _caught_up(consumer: AIOKafkaConsumer, part: Partition, *, fetched: bool) -> bool:
-        """Nothing of ``part`` waits: its fetch came back empty, or it handled up to the log's stable end."""
-        txn = part.txn
-        if part.queue or txn is None or not txn.in_transaction:
-            return False
-        if not fetched:
-            return True
-        end = consumer.last_stable_offset(part.tp)
-        return end is not None and txn.next_offset is not None and txn.next_offset >= end
 
     def _backpressure(self, part: Partition) -> None:
         """Pause a partition whose queue reached ``max_batch``; resume it once the queue drains."""

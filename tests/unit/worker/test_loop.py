@@ -22,8 +22,9 @@ from pipeline.errors import PartitionUnservedError
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.loop import HELD_POLL_MS, Worker
+from pipeline.worker.loop import Worker
 from pipeline.worker.opening import store_path
+from pipeline.worker.pacing import HELD_POLL_MS, poll_ms
 
 from .fakes import (
     INPUT,
@@ -347,7 +348,4 @@ def test_the_fetch_waits_only_as_long_as_nothing_is_held(
         for i, (st, queued, _) in enumerate(partitions)
     }
     began = {tp(i): now - age for i, (_, _, age) in enumerate(partitions)}
-    worker = SimpleNamespace(
-        _partitions=parts, _commit_began=began, settings=SimpleNamespace(commit_interval=0.1)
-    )
-    assert Worker._poll_ms(worker) == expected  # type: ignore[arg-type]
+    assert poll_ms(parts, began, commit_interval=0.1) == expected  # type: ignore[arg-type]
