@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 import orjson
+import xxhash
 
 
 class Outcome(StrEnum):
@@ -146,9 +147,12 @@ def decide(
     return Decision(outcome, entry, existing)
 
 
-#: A fingerprint of the body's bytes starts with this; one without it is an older entry's
-#: :func:`normalised_fingerprint` (compare a copy against such an entry with that one).
-RAW_FINGERPRINT = "b:"
+#: A fingerprint of the body's bytes (xxh3) starts with this.
+RAW_FINGERPRINT = "x:"
+#: The previous version's fingerprint of the body's bytes (blake2b): entries written by it hold one.
+#: An entry with neither prefix holds a :func:`normalised_fingerprint`. A copy is compared with an
+#: entry by the entry's kind (comparing two kinds would make every such duplicate a conflict).
+BLAKE_FINGERPRINT = "b:"
 
 # a JSON scalar: what a volatile field holds (Stripe's ``pending_webhooks`` is an integer)
 _SCALAR = rb'(?:-?\d[\d.eE+-]*|"(?:[^"\\]|\\.)*"|true|false|null)'
@@ -163,16 +167,40 @@ def volatile_pattern(fields: Iterable[str]) -> re.Pattern[bytes] | None:
 
 
 def body_fingerprint(body: bytes, volatile: re.Pattern[bytes] | None = None) -> str:
-    """A short hash of the body's bytes, with the provider's per-attempt fields blanked out.
+    """A short hash (xxh3, 64 bits) of the body's bytes, with the provider's per-attempt fields left out.
 
     Retries of one event carry the same bytes (only what the provider changes per
     attempt differs, and ``volatile`` removes exactly that), so no parse or
     re-serialisation is needed: a copy whose bytes differ otherwise (even only in
-    key order or spacing) is a CONFLICT, which is never processed either.
+    key order or spacing) is a CONFLICT, which is never processed either. Not a
+    cryptographic hash: a body made to collide with the first copy's is a DUPLICATE
+    instead of a CONFLICT, and neither is processed.
     """
     if volatile is not None:
         body = volatile.sub(b"", body)
-    return RAW_FINGERPRINT + hashlib.blake2b(body, digest_size=8).hexdigest()
+    return RAW_FINGERPRINT + xxhash.xxh3_64_hexdigest(body)
+
+
+def blake_fingerprint(body: bytes, volatile: re.Pattern[bytes] | None = None) -> str:
+    """The previous version's fingerprint of the body's bytes (blake2b), to compare a copy with its entries."""
+    if volatile is not None:
+        body = volatile.sub(b"", body)
+    return BLAKE_FINGERPRINT + hashlib.blake2b(body, digest_size=8).hexdigest()
+
+
+def fingerprint_like(
+    held: str | None,
+    body: bytes,
+    volatile: re.Pattern[bytes] | None,
+    volatile_names: Iterable[str],
+    event: Callable[[], Mapping[str, Any]],
+) -> str:
+    """The copy's fingerprint, of the kind ``held`` (the stored entry's, None for a new key) is."""
+    if held is None or held.startswith(RAW_FINGERPRINT):
+        return body_fingerprint(body, volatile)
+    if held.startswith(BLAKE_FINGERPRINT):
+        return blake_fingerprint(body, volatile)
+    return normalised_fingerprint(event(), volatile_names)
 
 
 def normalised_fingerprint(event: Mapping[str, Any], volatile: Iterable[str] = ()) -> str:

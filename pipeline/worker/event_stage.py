@@ -18,15 +18,7 @@ from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
 from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.errors import RecordTooLargeError
 from pipeline.kafka.partitioner import key_hash
-from pipeline.state.decision import (
-    RAW_FINGERPRINT,
-    Entry,
-    Outcome,
-    body_fingerprint,
-    decide,
-    normalised_fingerprint,
-    volatile_pattern,
-)
+from pipeline.state.decision import Entry, Outcome, decide, fingerprint_like, volatile_pattern
 from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Expiry, Route, Topology
 from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
@@ -74,8 +66,8 @@ class _Rule:
 
     ttl_ms: int
     sliding: bool
-    volatile: tuple[str, ...]
-    volatile_bytes: re.Pattern[bytes] | None
+    volatile_names: tuple[str, ...]
+    volatile: re.Pattern[bytes] | None
 
 
 ROUTE_CACHE_SIZE = 4096
@@ -123,8 +115,8 @@ class EventStage:
             name: _Rule(
                 ttl_ms=int(source.ttl.total_seconds() * 1000),
                 sliding=source.expiry is Expiry.SLIDING,
-                volatile=VOLATILE_FIELDS.get(source.provider, ()),
-                volatile_bytes=volatile_pattern(VOLATILE_FIELDS.get(source.provider, ())),
+                volatile_names=VOLATILE_FIELDS.get(source.provider, ()),
+                volatile=volatile_pattern(VOLATILE_FIELDS.get(source.provider, ())),
             )
             for name, source in topology.sources.items()
         }
@@ -334,12 +326,9 @@ def _audit_extra(delivery: Delivery, target: Target, claimed_over: Entry | None)
 
 
 def _fingerprint(existing: Entry | None, body: bytes, item: Accepted, rule: _Rule) -> str:
-    """The copy's body fingerprint, of the kind ``existing`` holds (an entry from before raw fingerprints
-    holds a normalised one: comparing the two kinds would make every such duplicate a conflict)."""
+    """The copy's body fingerprint, of the kind ``existing`` holds (see ``fingerprint_like``)."""
     held = existing.body_hash if existing is not None else None
-    if held is not None and not held.startswith(RAW_FINGERPRINT):
-        return normalised_fingerprint(item.event, rule.volatile)
-    return body_fingerprint(body, rule.volatile_bytes)
+    return fingerprint_like(held, body, rule.volatile, rule.volatile_names, lambda: item.event)
 
 
 def _text_key(delivery: Delivery) -> str | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import orjson
 import pytest
 
 from pipeline.state import decision
@@ -138,6 +141,36 @@ def test_body_fingerprints_differ_for_any_other_change_in_the_bytes(other: bytes
 
 
 def test_body_fingerprints_are_marked_as_such() -> None:
-    """Raw fingerprints carry their prefix, so an older entry's normalised one is recognised."""
+    """Each kind of fingerprint is told apart by its prefix, so an older entry's kind is recognised."""
     assert decision.body_fingerprint(b"{}").startswith(decision.RAW_FINGERPRINT)
+    assert decision.blake_fingerprint(b"{}").startswith(decision.BLAKE_FINGERPRINT)
+    normalised = decision.normalised_fingerprint({})
+    assert not normalised.startswith((decision.RAW_FINGERPRINT, decision.BLAKE_FINGERPRINT))
+
+
+def test_the_previous_versions_fingerprint_is_blake2b_of_the_body_without_its_volatile_fields() -> None:
+    """``blake_fingerprint`` still gives what entries written by the previous version hold."""
+    body = b'{"id": "evt_1", "pending_webhooks": 3, "type": "a.b"}'
+    expected = hashlib.blake2b(b'{"id": "evt_1", , "type": "a.b"}', digest_size=8).hexdigest()
+    assert decision.blake_fingerprint(body, STRIPE_VOLATILE) == decision.BLAKE_FINGERPRINT + expected
+
+
+@pytest.mark.parametrize("kind", ["raw", "blake", "normalised"])
+def test_a_copy_is_fingerprinted_by_the_kind_its_entry_holds(kind: str) -> None:
+    """A retry matches the stored fingerprint of every kind; a changed body matches none."""
+    first = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1}'
+    retry = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 4}'
+    changed = b'{"id": "evt_1", "data": {"x": 2}, "pending_webhooks": 1}'
+    names = ["pending_webhooks"]
+    held = {
+        "raw": decision.body_fingerprint(first, STRIPE_VOLATILE),
+        "blake": decision.blake_fingerprint(first, STRIPE_VOLATILE),
+        "normalised": decision.normalised_fingerprint(orjson.loads(first), names),
+    }[kind]
+
+    def like(body: bytes) -> str:
+        return decision.fingerprint_like(held, body, STRIPE_VOLATILE, names, lambda: orjson.loads(body))
+
+    assert like(retry) == held
+    assert like(changed) != held
     assert not decision.normalised_fingerprint({}).startswith(decision.RAW_FINGERPRINT)
