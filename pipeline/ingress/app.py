@@ -172,7 +172,7 @@ class _Handlers:
             event_id = check_event_id(source.provider.idempotency_key(headers, body).strip())
             if not event_id:
                 raise BodyError("the idempotency key is empty")
-            providers.parse_body(body, source.provider.name)  # the worker takes JSON objects only
+            providers.check_body(body, source.provider.name)  # the worker takes JSON objects only
         except SignatureError as exc:
             return self._refuse(401, exc, source=source, body=body, request=request)
         except InvalidRecordError as exc:  # MissingKeyError, BodyError

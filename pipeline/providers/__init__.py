@@ -46,6 +46,11 @@ def parse_body(body: bytes, provider: str) -> dict[str, Any]:
     return _body.parse_object(body, provider)
 
 
+def check_body(body: bytes, provider: str) -> None:
+    """``BodyError`` unless the webhook body is a JSON object (validated without building it)."""
+    _body.check_object(body, provider)
+
+
 def names() -> list[str]:
     """The preset names, sorted."""
     return sorted(_PRESETS)

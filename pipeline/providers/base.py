@@ -140,7 +140,7 @@ class BodyKey:
 
     def extract(self, headers: HeaderView, body: bytes, provider: str) -> str:
         """The field; BodyError for a non-object body, MissingKeyError for an absent field."""
-        return _body.required_text(_body.parse_object(body, provider), self.path)
+        return _body.required_text(body, self.path, provider)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +197,7 @@ class BodyType:
 
     def extract(self, headers: HeaderView, body: bytes, provider: str) -> str | None:
         """The field or None; BodyError when the body is not a JSON object."""
-        return _body.optional_text(_body.parse_object(body, provider), self.path)
+        return _body.optional_text(body, self.path, provider)
 
 
 @dataclass(frozen=True, slots=True)

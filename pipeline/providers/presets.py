@@ -82,10 +82,9 @@ class _GithubType:
         if not event:
             return None
         try:
-            document = _body.parse_object(body, provider)
+            action = _body.optional_text(body, "action", provider)
         except BodyError:  # form-encoded deliveries: the header alone names the event
             return event
-        action = _body.optional_text(document, "action")
         return f"{event}.{action}" if action else event
 
 
@@ -269,10 +268,9 @@ class _LenientBodyType:
 
     def extract(self, headers: HeaderView, body: bytes, provider: str) -> str | None:
         try:
-            document = _body.parse_object(body, provider)
+            return _body.optional_text(body, self.path, provider)
         except BodyError:
             return None
-        return _body.optional_text(document, self.path)
 
 
 def webhooker(*, tolerance: int = DEFAULT_TOLERANCE) -> Preset:

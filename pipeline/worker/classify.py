@@ -55,7 +55,11 @@ class Accepted(NamedTuple):
     key_bytes: bytes
     source: Source
     event_type: str | None
-    event: Mapping[str, Any]
+    body: bytes  # a JSON object: checked, not built
+
+    def event(self) -> Mapping[str, Any]:
+        """The body as a parsed document, built on first need (a route's effect key, an older fingerprint)."""
+        return providers.parse_body(self.body, self.source.provider)
 
 
 Classified = Invalid | Reroute | Accepted
@@ -111,13 +115,13 @@ class Classifier:
         owner = self.partitioner(key_bytes, self.input_partitions)
         if owner != delivery.partition:
             return Reroute(key=key, partition=owner, source=source_name)
-        event = providers.parse_body(delivery.value, source.provider)
+        providers.check_body(delivery.value, source.provider)
         return Accepted(
             key=key,
             key_bytes=key_bytes,
             source=source,
             event_type=provider.event_type(http, delivery.value),
-            event=event,
+            body=delivery.value,
         )
 
     @staticmethod

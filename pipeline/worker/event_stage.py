@@ -53,7 +53,7 @@ def resolve_target(topology: Topology, route: Route | None, item: Accepted) -> T
     command = route.command if route and route.command else DEFAULT_COMMAND
     if route is None or route.effect_key is None:
         return Target(topic, command)
-    value = route.effect_value(item.event)
+    value = route.effect_value(item.event())
     if value is None:
         return None
     ttl = route.effect_ttl or item.source.ttl
@@ -328,7 +328,7 @@ def _audit_extra(delivery: Delivery, target: Target, claimed_over: Entry | None)
 def _fingerprint(existing: Entry | None, body: bytes, item: Accepted, rule: _Rule) -> str:
     """The copy's body fingerprint, of the kind ``existing`` holds (see ``fingerprint_like``)."""
     held = existing.body_hash if existing is not None else None
-    return fingerprint_like(held, body, rule.volatile, rule.volatile_names, lambda: item.event)
+    return fingerprint_like(held, body, rule.volatile, rule.volatile_names, item.event)
 
 
 def _text_key(delivery: Delivery) -> str | None:
