@@ -50,6 +50,9 @@ class _Checked:
 
 
 _REFUSED = object()  # simdjson did not take the body as a JSON object: orjson decides
+# Larger bodies go to orjson: the parser keeps buffers sized to the largest body it took
+# (about six times its size), for the life of the process.
+SIMDJSON_MAX_BYTES = 256 * 1024
 _BOM = b"\xef\xbb\xbf"  # simdjson skips one; orjson (and so this module) refuses it
 
 
@@ -58,7 +61,7 @@ def _checked(body: bytes) -> simdjson.Object | object:
     if body is _Checked.body and _Checked.document is not None:
         return _Checked.document
     _Checked.body = _Checked.document = None  # the parser takes a new body only once the old is let go
-    if body.startswith(_BOM):
+    if len(body) > SIMDJSON_MAX_BYTES or body.startswith(_BOM):
         return _REFUSED
     parser = _Checked.parser
     if parser is None:

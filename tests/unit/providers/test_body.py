@@ -97,3 +97,14 @@ def test_a_field_holding_an_object_is_handed_out_as_a_plain_copy() -> None:
     nested = _body.value_at(EVENT, "data", "p")
     assert _body.value_at(b'{"id": "evt_2"}', "id", "p") == "evt_2"
     assert nested == {"object": {"id": "pi_1", "list": [1, {"x": None}]}}
+
+
+def test_a_body_beyond_the_simdjson_limit_is_read_by_orjson_so_the_parser_stays_small() -> None:
+    """A large body is checked and read all the same, without passing through simdjson's parser."""
+    filler = b"x" * (_body.SIMDJSON_MAX_BYTES + 1)
+    large = b'{"id": "evt_big", "type": "a.b", "pad": "' + filler + b'"}'
+    _body.check_object(large, "p")
+    assert _body.value_at(large, "id", "p") == "evt_big"
+    assert _body._Checked.body is not large
+    with pytest.raises(BodyError):
+        _body.check_object(large[:-1], "p")
