@@ -38,9 +38,8 @@ a shared machine. Also printed per contender: the broker's CPU and the whole
 machine's over the drain, and the worker's own transaction metrics (records
 per transaction, mean commit time) scraped from its ``--metrics-port``.
 
-``--only worker-whatif`` adds the worker with bench-only patches that model
-the fixes the profile suggests (``bench/worker_whatif.py``); ``--profile-worker``
-runs the workers under pyinstrument (profile only: not for the table).
+``--profile-worker`` runs the workers under pyinstrument (profile only: not
+for the table).
 """
 
 from __future__ import annotations
@@ -82,11 +81,10 @@ from pipeline.kafka import TopicSpec, owner_partition
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSTHROUGH = Path(__file__).resolve().parent / "passthrough.py"
-WHATIF = Path(__file__).resolve().parent / "worker_whatif.py"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALNUM = string.ascii_letters + string.digits
 STARTED = time.monotonic()
-CONTENDERS = ("passthrough", "worker", "worker-preloaded", "worker-whatif")
+CONTENDERS = ("passthrough", "worker", "worker-preloaded")
 DEFAULT_CONTENDERS = CONTENDERS[:3]
 
 
@@ -908,13 +906,13 @@ class Bench:
                 await proc.stop()
 
     def worker_argv(
-        self, topo_path: Path, state: Path, group: str, *, profile: Path | None = None, whatif: bool = False
+        self, topo_path: Path, state: Path, group: str, *, profile: Path | None = None
     ) -> list[str]:
         args = self.args
         prefix = [sys.executable]
         if profile is not None:
             prefix += ["-m", "pyinstrument", "--renderer", "pyisession", "--outfile", str(profile)]
-        prefix += [str(WHATIF)] if whatif else ["-m", "pipeline"]
+        prefix += ["-m", "pipeline"]
         return [
             *prefix,
             "worker",
@@ -1029,16 +1027,14 @@ class Bench:
             args.bootstrap, topics.input, args.partitions, stream.records(), len(stream), f"{name} backlog"
         )
         profile = self.work / f"{name}.pyisession" if args.profile_worker else None
-        whatif = name == "worker-whatif"
         port = free_port()
         proc = self.start(
             name,
             [
-                *self.worker_argv(topo_path, state, group, profile=profile, whatif=whatif),
+                *self.worker_argv(topo_path, state, group, profile=profile),
                 "--metrics-port",
                 str(port),
             ],
-            {"WORKER_WHATIF": args.whatif} if whatif else None,
         )
         result.log = str(proc.log_path)
 
@@ -1234,7 +1230,6 @@ class Bench:
                     "passthrough": "passthrough (aiokafka, at least once)",
                     "worker": "worker (exactly once, empty store)",
                     "worker-preloaded": f"worker, {args.preload:,} keys in store",
-                    "worker-whatif": f"worker + bench patches ({args.whatif})",
                 }[name]
                 result = Result(name, label)
                 self.results.append(result)
@@ -1242,7 +1237,7 @@ class Bench:
                 try:
                     if name == "passthrough":
                         await self.run_passthrough(result)
-                    elif name in ("worker", "worker-whatif"):
+                    elif name == "worker":
                         await self.run_worker(result)
                     else:
                         await self.run_worker(result, preload=args.preload)
@@ -1392,11 +1387,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only",
         default=",".join(DEFAULT_CONTENDERS),
         help=f"comma-separated, of {CONTENDERS} (default: the first three)",
-    )
-    parser.add_argument(
-        "--whatif",
-        default="murmur,partition,json,metrics,gc,commit",
-        help="patches of the worker-whatif contender (see bench/worker_whatif.py)",
     )
     parser.add_argument("--quick", action="store_true", help="20k events, 50k preload, 3 s of latency")
     parser.add_argument("--seed", type=int, default=20241130)
