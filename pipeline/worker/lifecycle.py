@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from enum import StrEnum
 
@@ -57,17 +58,19 @@ SERVING = frozenset({_S.READY, _S.COMMITTING})
 class Lifecycle:
     """The current state of one partition; :meth:`move` is the only way to change it."""
 
-    __slots__ = ("name", "state")
+    __slots__ = ("name", "since", "state")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.state = PartitionState.OPENING
+        self.since = time.monotonic()  # when it entered ``state`` (monotonic seconds)
 
     def move(self, target: PartitionState) -> None:
         """Go to ``target``; raises :class:`IllegalTransitionError` when the table has no such edge."""
         if target not in TRANSITIONS[self.state]:
             raise IllegalTransitionError(f"{self.name}: no transition from {self.state} to {target}")
         self.state = target
+        self.since = time.monotonic()
 
     @property
     def serving(self) -> bool:

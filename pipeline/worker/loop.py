@@ -79,7 +79,6 @@ class Worker:
         self._classifier: Classifier | None = None
         self._http: web.AppRunner | None = None
         self._commits: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._commit_began: dict[TopicPartition, float] = {}  # monotonic start of each running commit
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -164,7 +163,7 @@ class Worker:
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
         before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
-        wait = poll_ms(self._partitions, self._commit_began, commit_interval=self.settings.commit_interval)
+        wait = poll_ms(self._partitions, commit_interval=self.settings.commit_interval)
         batches = await consumer.getmany(timeout_ms=wait, max_records=self.settings.max_batch)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
@@ -217,7 +216,6 @@ class Worker:
             if tp in self._commits or not part.due():
                 continue
             self._commits[tp] = asyncio.create_task(self._commit(part))
-            self._commit_began[tp] = time.monotonic()
 
     async def _commit(self, part: Partition) -> None:
         """A background commit; what it cannot recover from stops the worker instead of a stuck partition."""
@@ -231,7 +229,6 @@ class Worker:
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]
-                self._commit_began.pop(part.tp, None)
 
     async def _reap(self) -> None:
         """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""

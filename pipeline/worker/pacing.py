@@ -23,12 +23,7 @@ class _StableEnds(Protocol):
     def last_stable_offset(self, partition: TopicPartition) -> int | None: ...
 
 
-def poll_ms(
-    partitions: Mapping[TopicPartition, Partition],
-    commit_began: Mapping[TopicPartition, float],
-    *,
-    commit_interval: float,
-) -> int:
+def poll_ms(partitions: Mapping[TopicPartition, Partition], *, commit_interval: float) -> int:
     """How long a fetch may wait: not at all when records wait to be handled, briefly when
     records wait for their partition's commit to end (so they follow it at once), else up
     to half the commit interval.
@@ -39,12 +34,12 @@ def poll_ms(
     """
     held = False
     now = time.monotonic()
-    for tp, part in partitions.items():
+    for part in partitions.values():
         if part.queue:
             if part.state is PartitionState.READY:
                 return 0
             if part.state is PartitionState.COMMITTING:
-                held = held or now - commit_began.get(tp, now) < HELD_POLL_FOR
+                held = held or now - part.state_since < HELD_POLL_FOR
     return HELD_POLL_MS if held else int(commit_interval * 500)
 
 

@@ -105,6 +105,11 @@ class Partition:
         return self.lifecycle.state
 
     @property
+    def state_since(self) -> float:
+        """When the partition entered its state (``time.monotonic()``): a commit's start while COMMITTING."""
+        return self.lifecycle.since
+
+    @property
     def serving(self) -> bool:
         """READY or COMMITTING."""
         return self.lifecycle.serving

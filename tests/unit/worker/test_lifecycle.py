@@ -85,3 +85,15 @@ def test_serving_is_true_only_when_ready_or_committing(state: PartitionState) ->
 def test_the_serving_set_is_ready_and_committing() -> None:
     """SERVING, which the loop and /healthz read, names exactly READY and COMMITTING."""
     assert frozenset({S.READY, S.COMMITTING}) == SERVING
+
+
+def test_each_move_records_when_the_state_was_entered_and_a_refused_move_does_not() -> None:
+    """``since`` is the monotonic time of the last transition (the worker times a commit's polling by it)."""
+    life = _at(S.READY)
+    life.since = 0.0
+    life.move(S.COMMITTING)
+    entered = life.since
+    assert entered > 0.0
+    with pytest.raises(IllegalTransitionError):
+        life.move(S.RESTORING)
+    assert life.since == entered

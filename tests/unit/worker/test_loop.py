@@ -344,8 +344,7 @@ def test_the_fetch_waits_only_as_long_as_nothing_is_held(
     """The poll timeout: 0 with handleable records, HELD_POLL_MS in a commit's first HELD_POLL_FOR while records wait for it, else interval/2."""
     now = time.monotonic()
     parts = {
-        tp(i): SimpleNamespace(state=st, queue=[object()] * queued)
-        for i, (st, queued, _) in enumerate(partitions)
+        tp(i): SimpleNamespace(state=st, queue=[object()] * queued, state_since=now - age)
+        for i, (st, queued, age) in enumerate(partitions)
     }
-    began = {tp(i): now - age for i, (_, _, age) in enumerate(partitions)}
-    assert poll_ms(parts, began, commit_interval=0.1) == expected  # type: ignore[arg-type]
+    assert poll_ms(parts, commit_interval=0.1) == expected  # type: ignore[arg-type]
