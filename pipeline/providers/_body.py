@@ -81,7 +81,9 @@ def _checked(body: bytes) -> simdjson.Object | object:
 
 def check_object(body: bytes, provider: str) -> None:
     """Nothing when the body is a JSON object; BodyError otherwise (see :func:`parse_object`)."""
-    if _checked(body) is _REFUSED and not (body is _LastParsed.body and _LastParsed.document is not None):
+    if body is _LastParsed.body and _LastParsed.document is not None:
+        return  # already parsed whole (a key hashed from body fields): not parsed again
+    if _checked(body) is _REFUSED:
         parse_object(body, provider)
 
 

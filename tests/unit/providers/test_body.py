@@ -108,3 +108,13 @@ def test_a_body_beyond_the_simdjson_limit_is_read_by_orjson_so_the_parser_stays_
     assert _body._Checked.body is not large
     with pytest.raises(BodyError):
         _body.check_object(large[:-1], "p")
+
+
+def test_a_body_already_parsed_whole_is_not_parsed_again_by_the_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After ``parse_object`` (a key hashed from body fields), the check reuses that parse."""
+    body = bytes(bytearray(EVENT))
+    _body.parse_object(body, "p")
+    monkeypatch.setattr(_body, "_checked", lambda _: pytest.fail("parsed a second time"))
+    _body.check_object(body, "p")
