@@ -42,10 +42,19 @@ _NO_HEADERS: list[Header] = []  # aiokafka's C batch builder takes only a list; 
 
 
 class TransactionFailedError(PipelineError):
-    """A transaction could not be committed; it was aborted and the batch must be redone."""
+    """A transaction could not be committed; it was aborted and the batch must be redone.
+
+    ``refused``: the broker's error when the broker refused it (the partition bisects on
+    the ones a record causes). Carried explicitly: compiled (mypyc), a coroutine that
+    raises ``from`` an error after an ``await`` loses ``__cause__``.
+    """
 
     retriable = True
     reason = "transaction-failed"
+
+    def __init__(self, message: str, *, refused: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class PartitionTransaction:
@@ -242,7 +251,7 @@ class PartitionTransaction:
             raise PartitionFencedError(f"{self.tp}: fenced by a newer producer") from exc
         except (KafkaError, IllegalOperation) as exc:
             await self.abort()
-            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
+            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}", refused=exc) from exc
         except AssertionError as exc:  # aiokafka's state machine once its sender went fatal
             self.broken = True  # nothing more can be sent with it: the partition is reopened
             self._reset()

@@ -25,6 +25,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline import native
 from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError, ConfigError, PartitionUnservedError, PipelineError
 from pipeline.kafka.admin import topic_layout
@@ -100,10 +101,11 @@ class Worker:
         if self.settings.metrics_port is not None:
             await self._serve_http(self.settings.metrics_port, counts)
         log.info(
-            "worker started: group %s, input %s (%s partitions)",
+            "worker started: group %s, input %s (%s partitions); %s",
             self.settings.group,
             self.topology.topics.input,
             counts[self.topology.topics.input],
+            native.describe(),
         )
 
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:

@@ -329,7 +329,7 @@ class Partition:
             self.lifecycle.move(State.BROKEN)
             return
         self.lifecycle.move(State.READY)
-        cause = exc.__cause__ or exc
+        cause = exc.refused or exc
         if start is not None and isinstance(cause, RECORD_ERRORS):
             self.poison.commit_failed(start, count, cause)
         log.warning("%s: %s; redoing from offset %s (limit %s)", self.name, exc, start, self.poison.limit)

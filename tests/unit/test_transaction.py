@@ -109,13 +109,14 @@ async def test_the_store_is_written_only_after_the_commit(store: PartitionStore)
 
 
 async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: PartitionStore) -> None:
-    """A commit error aborts the transaction and forgets the batch: nothing is remembered as seen."""
+    """A commit error aborts the transaction, forgets the batch (nothing is remembered as seen), and carries the broker's error."""
     producer = StandInProducer(store, fail_commit=True)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
-    with pytest.raises(TransactionFailedError):
+    with pytest.raises(TransactionFailedError) as failed:
         await ckpt.commit()
+    assert isinstance(failed.value.refused, KafkaTimeoutError)  # the partition reads it to bisect
     assert producer.calls[-1] == "abort"
     assert store.get_many([b"k"]) == {}
     assert ckpt.lookup([b"k"]) == {}

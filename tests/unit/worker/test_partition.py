@@ -26,6 +26,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord
 
+from pipeline import providers
 from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.errors import PartitionUnservedError, StoreError
 from pipeline.kafka.partitioner import owner_partition
@@ -81,6 +82,25 @@ def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
         return harness
 
     return make
+
+
+def _explode_on(monkeypatch: pytest.MonkeyPatch, body: bytes) -> list[bytes]:
+    """Make classifying the record whose body is ``body`` raise, as a bug would; the bodies checked so far.
+
+    The fault is injected in ``pipeline.providers.check_body``, which the classifier calls
+    through its module: the classifier's own methods cannot be replaced once it is compiled.
+    """
+    check = providers.check_body
+    checked: list[bytes] = []
+
+    def exploding(value: bytes, provider: str) -> None:
+        checked.append(value)
+        if value == body:
+            raise ValueError("a bug in classify")
+        check(value, provider)
+
+    monkeypatch.setattr(providers, "check_body", exploding)
+    return checked
 
 
 def _claimed(h: Harness, *keys: str) -> set[str]:
@@ -284,17 +304,8 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
 ) -> None:
     """Handling raises: abort (never commit), seek back to the batch's first offset; the redo DLQs that record (handler-error) and commands the rest."""
     h = await open_partition()
-    classify = h.part.classifier.classify
-    calls: list[int] = []
-
-    def explode_at_11(delivery: Any) -> Any:
-        calls.append(delivery.offset)
-        if delivery.offset == 11:
-            raise ValueError("a bug in classify")
-        return classify(delivery)
-
-    monkeypatch.setattr(h.part.classifier, "classify", explode_at_11)
     batch = records(0, 10, K[:3])
+    checked = _explode_on(monkeypatch, batch[1].value)  # offset 11
 
     h.part.feed(batch)
     await h.part.work()
@@ -306,9 +317,10 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
     assert h.part.queue == []
     assert _poison(h.part)[11].reason == "handler-error"
 
-    calls.clear()
+    checked.clear()
     await _handle_and_commit(h, batch)  # the consumer, moved back to 10, fetches the same records
-    assert 11 not in calls  # the poison record is not handled again
+    assert batch[1].value not in checked  # the poison record is not classified again
+    assert batch[0].value in checked
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(11, "handler-error")]
     assert "a bug in classify" in dlq[0]["error"]
@@ -620,15 +632,8 @@ async def test_records_of_an_aborted_transaction_are_counted_once_when_redone(
 ) -> None:
     """Metrics count what was committed: a batch aborted (handler error, then a refused commit) and redone counts once."""
     h = await open_partition()
-    classify = h.part.classifier.classify
-
-    def explode_at_11(delivery: Any) -> Any:
-        if delivery.offset == 11:
-            raise ValueError("a bug in classify")
-        return classify(delivery)
-
-    monkeypatch.setattr(h.part.classifier, "classify", explode_at_11)
     batch = records(0, 10, K[:3])
+    _explode_on(monkeypatch, batch[1].value)  # offset 11
     h.part.feed(batch)
     await h.part.work()  # 10 handled, 11 raises: aborted
     h.producer.fail["commit"].append(KafkaTimeoutError())

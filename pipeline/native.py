@@ -1,0 +1,49 @@
+"""The worker's hot modules, compiled with mypyc when the package is built, and how to tell.
+
+``setup.py`` reads :data:`COMPILED` from this file (without importing the package) and
+compiles those modules into C extensions beside their sources, unless the build runs
+with ``PIPELINE_PURE_PYTHON=1``. The sources stay in the package: a build without a
+C compiler, or with the variable set, gives the same behaviour in pure Python, and the
+test suite runs both (``scripts/test``).
+
+This module imports nothing from the package, so that the build can read it.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from typing import Final
+
+#: Per record, the worker spends most of its own CPU in these (``bench/hotpath.py``).
+COMPILED: Final = (
+    "pipeline.contract",
+    "pipeline.kafka.partitioner",
+    "pipeline.state.decision",
+    "pipeline.state.transaction",
+    "pipeline.worker.classify",
+    "pipeline.worker.emitter",
+    "pipeline.worker.event_stage",
+)
+
+#: Set at build time to skip compiling (no C compiler), and in tests to load the sources.
+PURE_PYTHON_ENV: Final = "PIPELINE_PURE_PYTHON"
+
+
+def is_compiled(module: str) -> bool:
+    """Whether importing ``module`` loads a compiled extension (without importing it)."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+
+
+def describe() -> str:
+    """One line for the worker's start: which of the hot modules run compiled."""
+    compiled = [name for name in COMPILED if is_compiled(name)]
+    if len(compiled) == len(COMPILED):
+        return f"hot modules compiled (mypyc): {len(compiled)} of {len(COMPILED)}"
+    if not compiled:
+        return f"hot modules in pure Python (built with {PURE_PYTHON_ENV}=1, or no compiled build)"
+    missing = sorted(set(COMPILED) - set(compiled))
+    return (
+        f"hot modules compiled (mypyc): {len(compiled)} of {len(COMPILED)}; pure Python: {', '.join(missing)}"
+    )
