@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from pathlib import Path
 from typing import Final
 
 #: Per record, the worker spends most of its own CPU in these (``bench/hotpath.py``).
@@ -28,6 +31,9 @@ COMPILED: Final = (
 
 #: Set at build time to skip compiling (no C compiler), and in tests to load the sources.
 PURE_PYTHON_ENV: Final = "PIPELINE_PURE_PYTHON"
+#: A source this much newer than its compiled file was edited after the build (an
+#: installer writes both within moments of each other).
+STALE_AFTER_S: Final = 2.0
 
 
 def is_compiled(module: str) -> bool:
@@ -47,3 +53,21 @@ def describe() -> str:
     return (
         f"hot modules compiled (mypyc): {len(compiled)} of {len(COMPILED)}; pure Python: {', '.join(missing)}"
     )
+
+
+def stale(find: Callable[[str], ModuleSpec | None] = importlib.util.find_spec) -> list[str]:
+    """Compiled hot modules whose source beside them changed after the build (an edited editable install).
+
+    Those run the code as it was built, not as the source reads: ``scripts/bootstrap``
+    compiles them again.
+    """
+    found = []
+    for name in COMPILED:
+        spec = find(name)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            continue
+        built = Path(str(spec.origin))
+        source = built.parent / f"{name.rpartition('.')[2]}.py"
+        if source.is_file() and source.stat().st_mtime > built.stat().st_mtime + STALE_AFTER_S:
+            found.append(name)
+    return found

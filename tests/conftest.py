@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.native_source import load_sources_if_asked, pure_python_asked, stale_modules
+from tests.native_source import load_sources_if_asked, pure_python_asked
 
 load_sources_if_asked()  # before any hot module is imported, by this file or a test
 
 from pipeline.kafka import TopicSpec, ensure_topics  # noqa: E402
-from pipeline.native import describe  # noqa: E402
+from pipeline.native import describe, stale  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SH = ROOT / "deploy" / "kafka" / "kafka.sh"
@@ -141,10 +141,10 @@ def pytest_report_header() -> str:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test compiled modules older than their sources: the edit would not be what runs."""
-    stale = [] if pure_python_asked() else stale_modules()
-    if stale:
+    old = [] if pure_python_asked() else stale()
+    if old:
         pytest.exit(
-            f"compiled modules older than their sources: {', '.join(stale)}; rebuild them with "
+            f"compiled modules older than their sources: {', '.join(old)}; rebuild them with "
             "scripts/bootstrap (or test the sources with PIPELINE_PURE_PYTHON=1)",
             returncode=2,
         )

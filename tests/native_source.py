@@ -51,17 +51,3 @@ def load_sources_if_asked() -> None:
         raise RuntimeError(f"imported before the test build was chosen: {loaded}")
     if pure_python_asked() and not any(isinstance(f, _SourcesFirst) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourcesFirst())
-
-
-def stale_modules() -> list[str]:
-    """Compiled hot modules whose source beside them was changed after they were built."""
-    stale = []
-    for name in COMPILED:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
-            continue
-        built = Path(str(spec.origin))
-        source = built.parent / f"{name.rpartition('.')[2]}.py"
-        if source.is_file() and source.stat().st_mtime > built.stat().st_mtime:
-            stale.append(name)
-    return stale

@@ -107,6 +107,13 @@ class Worker:
             counts[self.topology.topics.input],
             native.describe(),
         )
+        outdated = native.stale()
+        if outdated:
+            log.warning(
+                "compiled modules older than their sources (edited since the build, which still runs): "
+                "%s; compile them again with scripts/bootstrap",
+                ", ".join(outdated),
+            )
 
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
         app = worker_http.build_app(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -72,3 +74,23 @@ def test_describe_names_the_modules_that_run_as_python(monkeypatch: pytest.Monke
     )
     monkeypatch.setattr(native, "is_compiled", lambda _name: False)
     assert native.describe().startswith("hot modules in pure Python")
+
+
+def test_a_compiled_module_whose_source_was_edited_after_the_build_is_stale(tmp_path: Path) -> None:
+    """A source newer than its compiled file by more than STALE_AFTER_S is reported; one written with it is not."""
+    name = "pipeline.worker.emitter"
+    built = tmp_path / "emitter.cpython-311-x86_64-linux-gnu.so"
+    built.write_bytes(b"")
+    source = tmp_path / "emitter.py"
+    source.write_text("")
+    loader = importlib.machinery.ExtensionFileLoader(name, str(built))
+    spec = importlib.util.spec_from_file_location(name, built, loader=loader)
+
+    def find(module: str) -> importlib.machinery.ModuleSpec | None:
+        return spec if module == name else None
+
+    at = built.stat().st_mtime
+    os.utime(source, (at + 1, at + 1))  # as an installer writes them
+    assert native.stale(find) == []
+    os.utime(source, (at + native.STALE_AFTER_S + 60, at + native.STALE_AFTER_S + 60))  # edited later
+    assert native.stale(find) == [name]
