@@ -37,7 +37,7 @@ STALE_AFTER_S: Final = 2.0
 
 
 def is_compiled(module: str) -> bool:
-    """Whether importing ``module`` loads a compiled extension (without importing it)."""
+    """Whether importing ``module`` loads a compiled extension (finding it imports its parent packages)."""
     spec = importlib.util.find_spec(module)
     return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
 
