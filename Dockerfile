@@ -8,12 +8,11 @@
 # (pipeline/native.py). The image itself stays slim, without the compiler.
 FROM python:3.11 AS build
 WORKDIR /src
-# Only what the package needs (the build context also holds .venv, .kafka, .state and
-# the checkout's own compiled modules, which the build must not pick up).
+# Only what the package needs (the build context also holds .venv, .kafka, .state; the
+# checkout's own compiled modules are left out by .dockerignore, so the wheel compiles its own).
 COPY pyproject.toml setup.py README.md ./
 COPY pipeline ./pipeline
-RUN find pipeline -name '*.so' -delete \
-    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 

@@ -36,10 +36,20 @@ PURE_PYTHON_ENV: Final = "PIPELINE_PURE_PYTHON"
 STALE_AFTER_S: Final = 2.0
 
 
+Finder = Callable[[str], ModuleSpec | None]
+
+
+def _extension(module: str, find: Finder) -> Path | None:
+    """The compiled file importing ``module`` loads, or None for a source (finding it imports its parents)."""
+    spec = find(module)
+    if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+        return None
+    return Path(str(spec.origin))
+
+
 def is_compiled(module: str) -> bool:
     """Whether importing ``module`` loads a compiled extension (finding it imports its parent packages)."""
-    spec = importlib.util.find_spec(module)
-    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+    return _extension(module, importlib.util.find_spec) is not None
 
 
 def describe() -> str:
@@ -55,7 +65,7 @@ def describe() -> str:
     )
 
 
-def stale(find: Callable[[str], ModuleSpec | None] = importlib.util.find_spec) -> list[str]:
+def stale(find: Finder = importlib.util.find_spec) -> list[str]:
     """Compiled hot modules whose source beside them changed after the build (an edited editable install).
 
     Those run the code as it was built, not as the source reads: ``scripts/bootstrap``
@@ -63,10 +73,9 @@ def stale(find: Callable[[str], ModuleSpec | None] = importlib.util.find_spec) -
     """
     found = []
     for name in COMPILED:
-        spec = find(name)
-        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+        built = _extension(name, find)
+        if built is None:
             continue
-        built = Path(str(spec.origin))
         source = built.parent / f"{name.rpartition('.')[2]}.py"
         if source.is_file() and source.stat().st_mtime > built.stat().st_mtime + STALE_AFTER_S:
             found.append(name)
