@@ -2,10 +2,12 @@
 
     python bench/ingress_bench.py --bootstrap 127.0.0.1:19092 --requests 20000 --concurrency 64
 
-Two servers run in this process, one after the other: a bare aiohttp app whose handler
-reads the body and answers 200, and the real ingress (Stripe signature check, key
-extraction, idempotent ``acks=all`` produce, 202 after the broker's ack) writing to
-fresh topics on the given broker. The load generator runs in a second process (this
+The servers run in this process, one after the other, each on its own event loop: a bare
+aiohttp app whose handler reads the body and answers 200 (on asyncio's loop, as aiohttp
+comes, which is every ratio's baseline; and on uvloop), and the real ingress (Stripe
+signature check, key extraction, idempotent ``acks=all`` produce, 202 after the broker's
+ack) writing to fresh topics on the given broker, on uvloop (its default) and on asyncio's
+loop. The load generator runs in a second process (this
 script with ``--load``): an aiohttp client with N concurrent connections to 127.0.0.1
 only, a bounded request count and a time limit. Every request carries a distinct,
 validly signed Stripe event, pre-signed before the clock starts. The table gives
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import kafka, topology  # noqa: E402
+from pipeline.ingress.event_loop import loop_factory  # noqa: E402
 from pipeline.ingress.server import Ingress, IngressSettings  # noqa: E402
 from pipeline.providers.signing import sign  # noqa: E402
 
@@ -180,16 +183,15 @@ async def _run_in_background(url: str, args: argparse.Namespace) -> dict[str, ob
     return result
 
 
-async def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
-    results: list[tuple[str, dict[str, object]]] = []
+async def _bare(args: argparse.Namespace) -> dict[str, object]:
     runner, port = await _bare_server()
     try:
-        results.append(
-            ("bare aiohttp", await _run_in_background(f"http://127.0.0.1:{port}/webhooks/stripe", args))
-        )
+        return await _run_in_background(f"http://127.0.0.1:{port}/webhooks/stripe", args)
     finally:
         await runner.cleanup()
 
+
+async def _ingress(args: argparse.Namespace, event_loop: str) -> dict[str, object]:
     os.environ[SECRET_ENV] = SECRET
     app = f"bench-ingress-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,18 +199,38 @@ async def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]
         specs = kafka.topic_specs(topology.load(path))
         await kafka.ensure_topics(args.bootstrap, specs)
         try:
-            ingress = Ingress(IngressSettings(bootstrap=args.bootstrap, topology=path, port=0))
+            settings = IngressSettings(bootstrap=args.bootstrap, topology=path, port=0, event_loop=event_loop)
+            ingress = Ingress(settings)
             await ingress.start()
             serving = asyncio.create_task(ingress.run())
             try:
-                url = f"http://127.0.0.1:{ingress.port}/webhooks/stripe"
-                results.append(("ingress", await _run_in_background(url, args)))
+                return await _run_in_background(f"http://127.0.0.1:{ingress.port}/webhooks/stripe", args)
             finally:
                 ingress.stop()
                 await serving
         finally:
             async with kafka.admin_client(args.bootstrap) as admin:
                 await admin.delete_topics([s.name for s in specs])
+
+
+#: (row, server, event loop): the first row is the baseline of every ratio: aiohttp as it comes.
+ROWS = (
+    ("bare aiohttp", "bare", "asyncio"),
+    ("bare aiohttp, uvloop", "bare", "uvloop"),
+    ("ingress (default: uvloop)", "ingress", "uvloop"),
+    ("ingress, asyncio loop", "ingress", "asyncio"),
+)
+
+
+def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
+    """Each row's server on its own event loop, one after the other."""
+    results: list[tuple[str, dict[str, object]]] = []
+    for name, server, event_loop in ROWS:
+        if server == "ingress" and args.skip_ingress_asyncio and event_loop == "asyncio":
+            continue
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            coro = _bare(args) if server == "bare" else _ingress(args, event_loop)
+            results.append((name, runner.run(coro)))
     return results
 
 
@@ -252,6 +274,9 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time limit per server")
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured requests first")
     parser.add_argument("--partitions", type=int, default=6, help="input partitions of the bench topics")
+    parser.add_argument(
+        "--skip-ingress-asyncio", action="store_true", help="leave out the ingress row on asyncio's loop"
+    )
     parser.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load:
@@ -263,7 +288,7 @@ def main() -> int:
         f"command: python bench/ingress_bench.py --bootstrap {args.bootstrap} "
         f"--requests {args.requests} --concurrency {args.concurrency}"
     )
-    results = asyncio.run(_bench(args))
+    results = _bench(args)
     print(_table(results))
     return 0
 

@@ -197,5 +197,6 @@ INGRESS_OPTIONS: tuple[Option, ...] = (
     _ingress("shutdown_timeout", "seconds in-flight requests get to finish on stop"),
     _ingress("start_timeout", "seconds to reach the broker at start"),
     _ingress("retry_after", "seconds in the Retry-After of a 503"),
+    _ingress("event_loop", "auto (uvloop when installed, else asyncio's), uvloop or asyncio"),
 )
 """Every ``IngressSettings`` field's flag and variable (``pipeline ingress``)."""

@@ -97,11 +97,13 @@ def tune_gc() -> None:
 
 def cmd_ingress(args: argparse.Namespace) -> int:
     from pipeline import topology  # noqa: PLC0415
+    from pipeline.ingress.event_loop import loop_factory  # noqa: PLC0415
     from pipeline.ingress.server import Ingress  # noqa: PLC0415
 
     settings = ingress_settings(args)
     topo = topology.load(settings.topology, os.environ)
-    return asyncio.run(run_service(Ingress(settings, topo)))
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        return runner.run(run_service(Ingress(settings, topo)))
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from pipeline.ingress.app import (
     NoSecretError,
     build_app,
 )
+from pipeline.ingress.event_loop import EVENT_LOOPS, running_loop_name
 from pipeline.ingress.metrics import IngressMetrics
 from pipeline.ingress.request import BodyTooLargeError
 from pipeline.ingress.sink import KafkaSink, Sink
@@ -66,6 +67,7 @@ class IngressSettings:
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on stop
     start_timeout: float = 30.0  # seconds to reach the broker at start
     retry_after: int = 5  # seconds in the Retry-After of a 503
+    event_loop: str = "auto"  # auto: uvloop when installed, else asyncio's (pipeline.ingress.event_loop)
 
     def __post_init__(self) -> None:
         problems = []
@@ -85,6 +87,8 @@ class IngressSettings:
             problems.append(f"start timeout must be in (0, 600] seconds, got {self.start_timeout}")
         if not 0 <= self.retry_after <= 3600:
             problems.append(f"retry-after must be in [0, 3600] seconds, got {self.retry_after}")
+        if self.event_loop not in EVENT_LOOPS:
+            problems.append(f"event loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -160,12 +164,13 @@ class Ingress:
             ) from None
         self._app, self._runner = app, runner
         log.info(
-            "ingress listening on http://%s:%s (input %s, %s partitions, sources: %s)",
+            "ingress listening on http://%s:%s (input %s, %s partitions, sources: %s; event loop %s)",
             settings.host,
             self.port,
             self.topology.topics.input,
             self.sink.partitions,
             ", ".join(sorted(self.topology.sources)),
+            running_loop_name(),
         )
 
     def stop(self) -> None:

@@ -177,8 +177,9 @@ class KafkaSink:
                 timestamp_ms=record.timestamp_ms,
                 headers=list(record.headers),
             )
-            # Shielded: a request that times out must not cancel the batch's shared future.
-            metadata = await asyncio.shield(future)
+            # The record's own future (aiokafka resolves each record's separately and skips a
+            # cancelled one), so a request that times out cancels nothing shared: no shield.
+            metadata = await future
         except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
             raise RecordTooLargeForBrokerError(f"the record is too large for Kafka: {exc}") from None
         except KafkaError as exc:

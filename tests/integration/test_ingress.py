@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline import kafka, topology
 from pipeline.ingress.server import Ingress, IngressSettings
+from pipeline.ingress.sink import KafkaSink, OutgoingRecord, Produced
 from pipeline.kafka import owner_partition
 from pipeline.providers.signing import sign
 from tests.conftest import KAFKA_SH
@@ -176,6 +177,36 @@ def private_broker() -> Iterator[_PrivateBroker]:
 
 
 @pytest.mark.slow
+async def test_a_request_that_stops_waiting_leaves_its_batch_neighbours_acked(
+    bootstrap: str, signed_app: tuple[Path, str]
+) -> None:
+    """Cancelling one send's wait (its request timed out) neither fails nor loses the others in its batch."""
+    path, app = signed_app
+    topics = await _create_topics(bootstrap, path)
+    sink = KafkaSink(bootstrap, f"{app}.raw")
+    await sink.start()
+    try:
+        now = int(time.time() * 1000)
+        records = [
+            OutgoingRecord(key=f"k{i}".encode(), value=b"{}", headers=(), partition=0, timestamp_ms=now)
+            for i in range(3)
+        ]
+        sends = [asyncio.create_task(sink.send(record)) for record in records]
+        await asyncio.sleep(0)  # each record is appended to partition 0's open batch, none sent yet
+        sends[1].cancel()
+        first, cancelled, last = await asyncio.gather(*sends, return_exceptions=True)
+        assert isinstance(cancelled, asyncio.CancelledError)
+        assert isinstance(first, Produced)
+        assert isinstance(last, Produced)
+        assert last.offset == first.offset + 2  # one batch; the cancelled wait did not unsend its record
+        assert await sink.ready()
+        keys = [r.key for r in await read_committed(bootstrap, f"{app}.raw")]
+        assert keys == [b"k0", b"k1", b"k2"]
+    finally:
+        await sink.stop()
+        await _delete_topics(bootstrap, topics)
+
+
 async def test_broker_outage_answers_503_quickly_then_recovers(
     private_broker: _PrivateBroker, signed_app: tuple[Path, str]
 ) -> None:

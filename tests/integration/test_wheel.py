@@ -307,7 +307,16 @@ def test_the_wheel_runs_init_topics_worker_ingress_and_up_from_an_empty_director
         metrics, port = _free_port(), _free_port()
         worker_argv = [pipeline, "worker", "--bootstrap", bootstrap, "--group", unique("group")]
         worker_argv += ["--state-dir", "state", "--metrics-port", str(metrics)]
-        ingress_argv = [pipeline, "ingress", "--bootstrap", bootstrap, "--port", str(port)]
+        ingress_argv = [
+            pipeline,
+            "--log-level",
+            "INFO",
+            "ingress",
+            "--bootstrap",
+            bootstrap,
+            "--port",
+            str(port),
+        ]
         with _running(worker_argv, here, env) as worker, _running(ingress_argv, here, env) as ingress:
             _wait_http(f"http://127.0.0.1:{metrics}/healthz", worker)
             assert _wait_http(f"http://127.0.0.1:{port}/healthz", ingress) == 200
@@ -320,7 +329,9 @@ def test_the_wheel_runs_init_topics_worker_ingress_and_up_from_an_empty_director
                     break
             else:
                 raise AssertionError(f"no command for {event_id} on {app}.events")
-            assert _stop(ingress)[0] == 0
+            code, err = _stop(ingress)
+            assert code == 0, err
+            assert "event loop uvloop" in err  # the installed ingress runs on uvloop, its default
             code, err = _stop(worker)
             assert code == 0, err
 

@@ -49,7 +49,7 @@ def _settings(command: str, *argv: str) -> Any:
     return build(build_parser().parse_args([command, *argv]))
 
 
-OTHER_TEXT = {"commit_policy": "interval"}  # fields whose text must be one of a few words
+OTHER_TEXT = {"commit_policy": "interval", "event_loop": "asyncio"}  # fields whose text is one of a few words
 
 
 def _other_value(command: str, field: str) -> tuple[list[str], str, Any]:
@@ -208,6 +208,7 @@ def test_an_unparsable_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str])
         ("worker", [], {"PIPELINE_SEND_BYTES": "10"}, "send bytes must be in"),
         ("worker", ["--commit-interval-ms", "61000"], {}, "commit interval must be in"),
         ("ingress", [], {"PIPELINE_INGRESS_RETRY_AFTER": "-1"}, "retry-after must be in"),
+        ("ingress", ["--event-loop", "tokio"], {}, "event loop must be one of auto, uvloop, asyncio"),
     ],
 )
 def test_an_out_of_range_value_is_a_config_error(
