@@ -317,7 +317,8 @@ class Bench:
             return [py, str(HERE / "faust_app.py"), "worker", "-l", "info", "--without-web"], env
         if name == "quix-eos":
             argv = [py, str(HERE / "quix_app.py"), *common, "--state-dir", str(state)]
-            return [*argv, "--commit-interval", str(commit_ms / 1000)], None
+            quix_ms = commit_ms if args.quix_commit_interval_ms is None else args.quix_commit_interval_ms
+            return [*argv, "--commit-interval", str(quix_ms / 1000)], None
         store = self.stores[-1]
         kind = "redis" if name == "redis" else "pg"
         return [py, str(HERE / "claim.py"), "--store", kind, "--url", store.url, *common], None
@@ -659,8 +660,13 @@ class Bench:
         print()
         print(
             f"Alternatives: {args.events:,} events ({args.dup_ratio:.0%} duplicates, 1-2 KB bodies), "
-            f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
-            f"latency at {args.latency_rate:,.0f} events/s for {args.latency_seconds:g}s; run took {seconds / 60:.1f} min"
+            f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms"
+            + (
+                f" (quixstreams {args.quix_commit_interval_ms} ms)"
+                if args.quix_commit_interval_ms is not None
+                else ""
+            )
+            + f", latency at {args.latency_rate:,.0f} events/s for {args.latency_seconds:g}s; run took {seconds / 60:.1f} min"
         )
         print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
         print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -742,6 +748,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, default=10, help="0 skips the latency phase")
     parser.add_argument("--commit-interval-ms", type=int, default=100, help="every contender's")
     parser.add_argument("--max-batch", type=int, default=2000, help="the worker's")
+    parser.add_argument(
+        "--quix-commit-interval-ms",
+        type=int,
+        default=None,
+        help="quixstreams' own commit interval (default: --commit-interval-ms; quixstreams' default is 5000)",
+    )
     parser.add_argument(
         "--drain-timeout", type=float, default=None, help="seconds per drain (default scales)"
     )
