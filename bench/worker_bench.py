@@ -924,10 +924,7 @@ class Bench:
             str(state),
             "--group",
             group,
-            "--commit-interval-ms",
-            str(args.commit_interval_ms),
-            "--max-batch",
-            str(args.max_batch),
+            *worker_bounds(args),
         ]
 
     async def committed_progress(self, group: str, topic: str, start: dict[int, int]) -> int:
@@ -1377,8 +1374,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--latency-rate", type=float, default=2000, help="events/s in the latency phase")
     parser.add_argument("--latency-seconds", type=float, default=10, help="0 skips the latency phase")
-    parser.add_argument("--commit-interval-ms", type=int, default=100, help="the worker's")
-    parser.add_argument("--max-batch", type=int, default=2000, help="the worker's")
+    parser.add_argument(
+        "--commit-interval-ms", type=int, default=None, help="the worker's (default: its own, 1000)"
+    )
+    parser.add_argument("--max-batch", type=int, default=None, help="the worker's (default: its own, 10000)")
     parser.add_argument("--passthrough-commit-ms", type=int, default=1000)
     parser.add_argument(
         "--drain-timeout", type=float, default=None, help="seconds per backlog (default scales)"
@@ -1408,6 +1407,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.drain_timeout is None:
         args.drain_timeout = max(120.0, args.events / 200)
     return args
+
+
+def worker_bounds(args: argparse.Namespace) -> list[str]:
+    """The worker's ``--commit-interval-ms``/``--max-batch`` when given; else it runs with its own defaults."""
+    bounds: list[str] = []
+    if args.commit_interval_ms is not None:
+        bounds += ["--commit-interval-ms", str(args.commit_interval_ms)]
+    if args.max_batch is not None:
+        bounds += ["--max-batch", str(args.max_batch)]
+    return bounds
 
 
 def main() -> int:

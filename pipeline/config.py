@@ -32,8 +32,11 @@ class WorkerSettings:
     group: str = ""  # empty: the topology's app name (see for_topology)
     metrics_port: int | None = None
     http_host: str = "127.0.0.1"  # where that port listens; 0.0.0.0 in Kubernetes (probes, Prometheus)
-    commit_interval: float = 0.1  # seconds a transaction stays open at most
-    max_batch: int = 2000  # a transaction commits once it holds this many input records
+    # Under load (a partition never caught up) a transaction commits at whichever of these comes
+    # first; larger transactions cost less per record (docs/benchmarks.md, Worker). At low load a
+    # partition commits as soon as it is caught up, so they do not set the latency there.
+    commit_interval: float = 1.0  # seconds a transaction stays open at most
+    max_batch: int = 10_000  # a transaction commits once it holds this many input records
     # "caught-up": commit a partition as soon as it has handled everything fetched and reached the
     # end of its log (low latency at low load); "interval": only at commit_interval or max_batch.
     commit_policy: str = "caught-up"
@@ -44,6 +47,9 @@ class WorkerSettings:
     )
     # -- the constants that matter in operation ----------------------------------------------
     chunk_records: int = 250  # records handled between two yields to the event loop
+    # records fetched at once, and the queue length at which a partition is paused (memory);
+    # never more than max_batch (see fetch_records)
+    poll_records: int = 2000
     send_bytes: int = 128 * 1024  # a producer batch this big is sent before the commit
     linger_ms: int = 5  # the transactional producers' linger
     fetch_max_bytes: int = 16 * MIB  # the worker consumer's fetch size, all partitions
@@ -77,6 +83,12 @@ class WorkerSettings:
         if problems:
             raise ConfigError("; ".join(problems))
 
+    @property
+    def fetch_records(self) -> int:
+        """Records fetched at once and queued per partition before it is paused: ``poll_records``,
+        but never more than a transaction's ``max_batch``."""
+        return min(self.poll_records, self.max_batch)
+
     def for_topology(self, app: str) -> WorkerSettings:
         """These settings with the group defaulted to the topology's app name, so topologies never share one."""
         return self if self.group else replace(self, group=app)
@@ -85,6 +97,8 @@ class WorkerSettings:
         problems = []
         if not 1 <= self.chunk_records <= 100_000:
             problems.append(f"chunk records must be in [1, 100000], got {self.chunk_records}")
+        if not 1 <= self.poll_records <= 100_000:
+            problems.append(f"poll records must be in [1, 100000], got {self.poll_records}")
         if not 1024 <= self.send_bytes <= 64 * MIB:
             problems.append(f"send bytes must be in [1 KiB, 64 MiB], got {self.send_bytes}")
         if not 0 <= self.linger_ms <= 1000:
@@ -175,6 +189,10 @@ WORKER_OPTIONS: tuple[Option, ...] = (
         "without a rebalance; a removed one keeps them until the session times out",
     ),
     _worker("chunk_records", "records handled between two yields to the event loop"),
+    _worker(
+        "poll_records",
+        "records fetched at once; a partition with this many queued is paused (at most --max-batch)",
+    ),
     _worker("send_bytes", "a producer batch this big is sent before the commit"),
     _worker("linger_ms", "the transactional producers' linger"),
     _worker("fetch_max_bytes", "the worker consumer's fetch size, all partitions together"),

@@ -33,11 +33,13 @@ Per contender, one run over its own input topic (the backlog is produced before 
    command). The passthrough does not dedupe: its expectation is one output
    per input record instead.
 
-The worker, faust, quix and the passthrough commit on the same interval
-(``--commit-interval-ms``, default 100 ms, the worker bench's; the claimers
-commit after every batch); all have a 10 s session timeout and read
-read_committed. The SIGKILL lands up to two commit intervals after the
-measured point, anywhere in the commit cycle. It prints one table and the machine; all processes, the Redis
+Faust, quix and the passthrough commit on one interval (``--commit-interval-ms``,
+default 100 ms; ``--quix-commit-interval-ms`` sets quix's alone, whose own default is
+5 s); the worker runs with its own defaults (a caught-up partition commits at once;
+under load at 1 s or 10,000 records; ``--worker-commit-interval-ms`` and
+``--max-batch`` set them); the claimers commit after every batch. All have a 10 s
+session timeout and read read_committed. The SIGKILL lands up to two of the
+contender's commit intervals after the measured point, anywhere in its commit cycle. It prints one table and the machine; all processes, the Redis
 and PostgreSQL servers and the topics are removed at the end (also on Ctrl-C
 or SIGTERM). Logs stay in ``--work-dir``.
 """
@@ -72,6 +74,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from aiokafka.errors import KafkaError  # noqa: E402
 
 from pipeline import kafka, topology  # noqa: E402
+from pipeline.config import WORKER_DEFAULTS  # noqa: E402
 from pipeline.kafka import TopicSpec  # noqa: E402
 
 ROOT = HERE.parents[1]
@@ -274,6 +277,17 @@ class Bench:
             if proc.alive():
                 await proc.stop()
 
+    def interval_ms(self, name: str) -> int:
+        """The longest a contender's transaction or commit cycle lasts under load, in ms."""
+        args = self.args
+        if name == "worker":
+            if args.worker_commit_interval_ms is not None:
+                return int(args.worker_commit_interval_ms)
+            return round(WORKER_DEFAULTS["commit_interval"] * 1000)
+        if name == "quix-eos" and args.quix_commit_interval_ms is not None:
+            return int(args.quix_commit_interval_ms)
+        return int(args.commit_interval_ms)
+
     def command_for(self, name: str, *, input_topic: str, output: str, group: str, state: Path) -> tuple:
         """(argv, env, output topic) of a contender reading ``input_topic``."""
         args = self.args
@@ -298,10 +312,11 @@ class Bench:
                 str(state),
                 "--group",
                 group,
-                "--commit-interval-ms",
-                str(commit_ms),
-                "--max-batch",
-                str(args.max_batch),
+                *wb.worker_bounds(
+                    argparse.Namespace(
+                        commit_interval_ms=args.worker_commit_interval_ms, max_batch=args.max_batch
+                    )
+                ),
             ], None
         if name.startswith("faust"):
             env = {
@@ -375,7 +390,7 @@ class Bench:
             proc, handled, kill_at, timeout=args.drain_timeout, label=name, broker_pid=self.broker_pid
         )
         # the kill lands anywhere in the commit cycle, not just after the commit that crossed the mark
-        await asyncio.sleep(self.rng.uniform(0, 2 * args.commit_interval_ms / 1000))
+        await asyncio.sleep(self.rng.uniform(0, 2 * self.interval_ms(name) / 1000))
         row.peak_rss_mib = proc.status_kib("VmHWM") / 1024
         if store:  # before the kill: the contender's PostgreSQL backend exits with its connection
             pids = store.pids()
@@ -661,6 +676,7 @@ class Bench:
         print(
             f"Alternatives: {args.events:,} events ({args.dup_ratio:.0%} duplicates, 1-2 KB bodies), "
             f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms"
+            f" (worker {self.interval_ms('worker')} ms)"
             + (
                 f" (quixstreams {args.quix_commit_interval_ms} ms)"
                 if args.quix_commit_interval_ms is not None
@@ -746,8 +762,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dup-ratio", type=float, default=0.3)
     parser.add_argument("--latency-rate", type=float, default=1000, help="events/s in the latency phase")
     parser.add_argument("--latency-seconds", type=float, default=10, help="0 skips the latency phase")
-    parser.add_argument("--commit-interval-ms", type=int, default=100, help="every contender's")
-    parser.add_argument("--max-batch", type=int, default=2000, help="the worker's")
+    parser.add_argument(
+        "--commit-interval-ms", type=int, default=100, help="every contender's but the worker's"
+    )
+    parser.add_argument(
+        "--worker-commit-interval-ms",
+        type=int,
+        default=None,
+        help="the worker's (default: its own, 1000: it commits a caught-up partition at once)",
+    )
+    parser.add_argument("--max-batch", type=int, default=None, help="the worker's (default: its own)")
     parser.add_argument(
         "--quix-commit-interval-ms",
         type=int,

@@ -35,7 +35,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
-        max_poll_records=settings.max_batch,
+        max_poll_records=settings.fetch_records,
         fetch_max_bytes=settings.fetch_max_bytes,
         max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
         session_timeout_ms=settings.session_timeout_ms,

@@ -173,7 +173,7 @@ class Worker:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
         before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
         wait = poll_ms(self._partitions, commit_interval=self.settings.commit_interval)
-        batches = await consumer.getmany(timeout_ms=wait, max_records=self.settings.max_batch)
+        batches = await consumer.getmany(timeout_ms=wait, max_records=self.settings.fetch_records)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
             if part is None or not part.serving:
@@ -198,15 +198,16 @@ class Worker:
         self._watch()
 
     def _backpressure(self, part: Partition) -> None:
-        """Pause a partition whose queue reached ``max_batch``; resume it once the queue drains."""
+        """Pause a partition whose queue reached ``fetch_records``; resume it once the queue drains."""
         consumer = self._require(self._consumer)
         tp = part.tp
         if tp not in consumer.assignment():
             return
-        if len(part.queue) >= self.settings.max_batch and tp not in self._paused:
+        limit = self.settings.fetch_records
+        if len(part.queue) >= limit and tp not in self._paused:
             consumer.pause(tp)
             self._paused.add(tp)
-        elif len(part.queue) < self.settings.max_batch and tp in self._paused:
+        elif len(part.queue) < limit and tp in self._paused:
             self._paused.discard(tp)
             consumer.resume(tp)
 

@@ -118,7 +118,7 @@ def test_no_flags_and_no_variables_give_the_defaults() -> None:
         state_dir=Path(".state/worker"),
         **WORKER_DEFAULTS,
     )
-    assert settings.commit_interval == 0.1
+    assert settings.commit_interval == 1.0
     ingress = _settings("ingress")
     assert (ingress.host, ingress.port, ingress.trust_forwarded) == ("127.0.0.1", 8080, False)
 
@@ -148,7 +148,7 @@ def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("PIPELINE_MAX_BATCH", "")
     monkeypatch.setenv("PIPELINE_INSTANCE_ID", "")
     settings = _settings("worker")
-    assert (settings.max_batch, settings.instance_id) == (2000, None)
+    assert (settings.max_batch, settings.instance_id) == (10_000, None)
 
 
 def test_metrics_port_none_turns_the_server_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,11 +249,11 @@ def _field_default(settings_class: type, option: Option) -> Any:
 
 
 def test_help_shows_the_defaults_in_the_flags_units() -> None:
-    """The worker's help shows 100 ms for the 0.1 s commit interval, and the byte sizes in bytes."""
+    """The worker's help shows 1000 ms for the 1 s commit interval, and the byte sizes in bytes."""
     text = _help("worker")
     assert "--commit-interval-ms MS" in text
-    assert "env PIPELINE_COMMIT_INTERVAL_MS; default 100)" in text
-    assert "env PIPELINE_MAX_BATCH; default 2000)" in text
+    assert "env PIPELINE_COMMIT_INTERVAL_MS; default 1000)" in text
+    assert "env PIPELINE_MAX_BATCH; default 10000)" in text
     assert "env PIPELINE_FETCH_MAX_BYTES; default 16777216)" in text
     assert "env PIPELINE_METRICS_PORT; default none)" in text
 

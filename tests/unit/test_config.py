@@ -31,8 +31,16 @@ def test_defaults_are_the_dataclass_defaults() -> None:
     settings = _settings()
     assert set(WORKER_DEFAULTS) == {f.name for f in dataclasses.fields(WorkerSettings)} - set(REQUIRED)
     assert {name: getattr(settings, name) for name in WORKER_DEFAULTS} == WORKER_DEFAULTS
-    assert WORKER_DEFAULTS["commit_interval"] == 0.1
-    assert WORKER_DEFAULTS["max_batch"] == 2000
+    assert WORKER_DEFAULTS["commit_interval"] == 1.0
+    assert WORKER_DEFAULTS["max_batch"] == 10_000
+    assert WORKER_DEFAULTS["poll_records"] == 2000
+
+
+def test_a_fetch_never_holds_more_than_a_transaction() -> None:
+    """Records fetched at once are ``poll_records``, cut to ``max_batch`` when a transaction is smaller."""
+    assert _settings().fetch_records == 2000
+    assert _settings(max_batch=50).fetch_records == 50
+    assert _settings(poll_records=500, max_batch=50_000).fetch_records == 500
 
 
 def test_settings_are_immutable() -> None:
@@ -53,6 +61,7 @@ def test_settings_are_immutable() -> None:
         ({"metrics_port": 65536}, "metrics port"),
         ({"session_timeout_ms": 999}, "session timeout"),
         ({"chunk_records": 0}, "chunk records"),
+        ({"poll_records": 100_001}, "poll records"),
         ({"send_bytes": 1023}, "send bytes"),
         ({"linger_ms": 1001}, "linger"),
         ({"fetch_max_bytes": 1024}, "fetch max bytes"),
@@ -127,7 +136,7 @@ def test_millisecond_flags_convert_to_seconds() -> None:
     (option,) = [o for o in WORKER_OPTIONS if o.field == "commit_interval"]
     assert option.flag == "--commit-interval-ms"
     assert option.env == "PIPELINE_COMMIT_INTERVAL_MS"
-    assert option.to_flag(WORKER_DEFAULTS["commit_interval"]) == 100
+    assert option.to_flag(WORKER_DEFAULTS["commit_interval"]) == 1000
     assert option.to_field(250) == 0.25
     assert option.to_field(None) is None
 

@@ -225,7 +225,7 @@ def test_children_do_not_inherit_the_process_count(monkeypatch: pytest.MonkeyPat
     assert spec.env is not None
     assert "PIPELINE_PROCESSES" not in spec.env
     assert spec.env["PIPELINE_MAX_BATCH"] == "7"  # overridden by the flag, which the child gets too
-    assert "--max-batch=2000" in spec.argv
+    assert "--max-batch=10000" in spec.argv
 
 
 def test_child_specs_refuse_what_cannot_be_split() -> None:
