@@ -924,7 +924,7 @@ class Bench:
             str(state),
             "--group",
             group,
-            *worker_bounds(args),
+            *worker_bounds(args.commit_interval_ms, args.max_batch),
         ]
 
     async def committed_progress(self, group: str, topic: str, start: dict[int, int]) -> int:
@@ -1409,13 +1409,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def worker_bounds(args: argparse.Namespace) -> list[str]:
+def worker_bounds(commit_interval_ms: int | None, max_batch: int | None) -> list[str]:
     """The worker's ``--commit-interval-ms``/``--max-batch`` when given; else it runs with its own defaults."""
     bounds: list[str] = []
-    if args.commit_interval_ms is not None:
-        bounds += ["--commit-interval-ms", str(args.commit_interval_ms)]
-    if args.max_batch is not None:
-        bounds += ["--max-batch", str(args.max_batch)]
+    if commit_interval_ms is not None:
+        bounds += ["--commit-interval-ms", str(commit_interval_ms)]
+    if max_batch is not None:
+        bounds += ["--max-batch", str(max_batch)]
     return bounds
 
 

@@ -312,11 +312,7 @@ class Bench:
                 str(state),
                 "--group",
                 group,
-                *wb.worker_bounds(
-                    argparse.Namespace(
-                        commit_interval_ms=args.worker_commit_interval_ms, max_batch=args.max_batch
-                    )
-                ),
+                *wb.worker_bounds(args.worker_commit_interval_ms, args.max_batch),
             ], None
         if name.startswith("faust"):
             env = {
