@@ -21,10 +21,18 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 
+def choice_problem(choice: str) -> str | None:
+    """What is wrong with ``choice`` as an event loop name, or None."""
+    if choice in EVENT_LOOPS:
+        return None
+    return f"event loop must be one of {', '.join(EVENT_LOOPS)}, got {choice!r}"
+
+
 def loop_factory(choice: str) -> LoopFactory | None:
     """The loop factory for ``choice`` (None: asyncio's default); ConfigError when it cannot be had."""
-    if choice not in EVENT_LOOPS:
-        raise ConfigError(f"event loop must be one of {', '.join(EVENT_LOOPS)}, got {choice!r}")
+    problem = choice_problem(choice)
+    if problem is not None:
+        raise ConfigError(problem)
     if choice == "asyncio":
         return None
     try:

@@ -33,7 +33,7 @@ from pipeline.ingress.app import (
     NoSecretError,
     build_app,
 )
-from pipeline.ingress.event_loop import EVENT_LOOPS, running_loop_name
+from pipeline.ingress.event_loop import choice_problem, running_loop_name
 from pipeline.ingress.metrics import IngressMetrics
 from pipeline.ingress.request import BodyTooLargeError
 from pipeline.ingress.sink import KafkaSink, Sink
@@ -67,7 +67,9 @@ class IngressSettings:
     shutdown_timeout: float = 30.0  # seconds in-flight requests get to finish on stop
     start_timeout: float = 30.0  # seconds to reach the broker at start
     retry_after: int = 5  # seconds in the Retry-After of a 503
-    event_loop: str = "auto"  # auto: uvloop when installed, else asyncio's (pipeline.ingress.event_loop)
+    # the loop `pipeline ingress` runs on (auto: uvloop when installed, else asyncio's; see
+    # pipeline.ingress.event_loop); an Ingress started inside your own loop runs on that loop
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         problems = []
@@ -87,8 +89,9 @@ class IngressSettings:
             problems.append(f"start timeout must be in (0, 600] seconds, got {self.start_timeout}")
         if not 0 <= self.retry_after <= 3600:
             problems.append(f"retry-after must be in [0, 3600] seconds, got {self.retry_after}")
-        if self.event_loop not in EVENT_LOOPS:
-            problems.append(f"event loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
+        loop_problem = choice_problem(self.event_loop)
+        if loop_problem is not None:
+            problems.append(loop_problem)
         if problems:
             raise ConfigError("; ".join(problems))
 

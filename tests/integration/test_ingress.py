@@ -198,7 +198,7 @@ async def test_a_request_that_stops_waiting_leaves_its_batch_neighbours_acked(
         assert isinstance(cancelled, asyncio.CancelledError)
         assert isinstance(first, Produced)
         assert isinstance(last, Produced)
-        assert last.offset == first.offset + 2  # one batch; the cancelled wait did not unsend its record
+        assert last.offset == first.offset + 2  # consecutive: the cancelled wait did not unsend its record
         assert await sink.ready()
         keys = [r.key for r in await read_committed(bootstrap, f"{app}.raw")]
         assert keys == [b"k0", b"k1", b"k2"]
