@@ -63,17 +63,33 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         specs = child_specs(settings.for_topology(topo.app), args.processes, log_level=args.log_level)
         return asyncio.run(run_service(Supervisor(specs)))
+    from pipeline.worker.parent_watch import supervisor_pid  # noqa: PLC0415
+
+    parent = supervisor_pid(os.environ)  # set when a supervisor started this process
     try:
-        return asyncio.run(run_service(Worker(settings, topo)))
+        return asyncio.run(run_service(Worker(settings, topo), supervisor=parent))
     except KafkaError as exc:  # one the worker did not turn into a PipelineError itself
         raise PipelineError(f"Kafka at {settings.bootstrap}: {exc}") from None
 
 
-async def run_service(service: Service) -> int:
-    """Start ``service``, run it until SIGTERM or SIGINT, and stop it cleanly."""
+async def run_service(service: Service, *, supervisor: int | None = None) -> int:
+    """Start ``service``, run it until SIGTERM or SIGINT (or, given the ``supervisor`` pid that
+    started this process, until that process is gone), and stop it cleanly."""
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, service.stop)
+    if supervisor is None:
+        return await _start_and_run(service)
+    from pipeline.worker.parent_watch import watch_parent  # noqa: PLC0415
+
+    watch = asyncio.create_task(watch_parent(supervisor, service.stop), name="parent-watch")
+    try:
+        return await _start_and_run(service)
+    finally:
+        watch.cancel()
+
+
+async def _start_and_run(service: Service) -> int:
     # aiokafka logs each failed connection attempt itself; a start that fails is reported by the
     # service's own error in one line, so its client's lines are held back until the start is done
     client_log = logging.getLogger("aiokafka")

@@ -15,7 +15,11 @@ returns only when every child stopped with status 0 (or by that SIGTERM, which a
 child still starting has no handler for yet); otherwise it raises.
 
 Children inherit the supervisor's stdout, stderr, environment (minus
-``PIPELINE_PROCESSES``), working directory and process group. Each has its own
+``PIPELINE_PROCESSES``, plus ``PIPELINE_SUPERVISOR_PID``), working directory and
+process group. A child whose supervisor is gone (SIGKILLed: it could not stop
+them) stops by itself within a second, as on SIGTERM (see
+:mod:`pipeline.worker.parent_watch`), so that a supervisor started in its place
+finds the stores free. Each has its own
 state dir (``<state-dir>/proc-<i>``: two processes never open one RocksDB
 store), its own metrics port (the base port + i) and its own static member id
 (``<instance-id>-<i>``).
@@ -36,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from pipeline.config import WORKER_OPTIONS, WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,7 @@ def child_specs(settings: WorkerSettings, processes: int, *, log_level: str = "I
     if port and port + processes - 1 > 65535:
         raise ConfigError(f"metrics ports {port}..{port + processes - 1} go past 65535")
     env = {name: value for name, value in os.environ.items() if name != PROCESSES_ENV}
+    env[SUPERVISOR_PID_ENV] = str(os.getpid())  # a child stops once this process is gone
     prefix = (sys.executable, "-m", "pipeline", "--log-level", log_level, "worker")
     return [
         ChildSpec(i, (*prefix, *settings_argv(child_settings(settings, i))), env) for i in range(processes)

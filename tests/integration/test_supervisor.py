@@ -112,3 +112,38 @@ async def _produce_waves(env: Env, waves: list[list[str]]) -> None:
     for wave in waves:
         await env.produce_stripe(wave)
         await asyncio.sleep(0.3)
+
+
+async def test_children_of_a_sigkilled_supervisor_stop_and_free_their_stores(pipeline_env: MakeEnv) -> None:
+    """SIGKILL the supervisor: its children commit and exit by themselves, and a new supervisor on the same state dir takes over."""
+    env: Env = await pipeline_env(partitions=4)
+    first_ids = [f"evt_orphan_a_{i}" for i in range(300)]
+    later_ids = [f"evt_orphan_b_{i}" for i in range(300)]
+    flags = ("--processes", "2", "--instance-id", "orph", "--session-timeout-ms", "6000")
+    sup = env.start_worker("orph", *flags)
+    log = env.state_root / "orph.log"
+    await _until(lambda: len(_children(sup.pid)) == 2, "two children", env)
+    await _until(lambda: log.read_text().count("partitions assigned") >= 2, "assignments", env)
+    children = _children(sup.pid)
+    await env.produce_stripe(first_ids + first_ids[:50])
+    await wait_for_audit(env, 350, timeout=60)
+
+    sup.send_signal(signal.SIGKILL)
+    assert sup.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while [pid for pid, started in children.items() if _alive(pid, started)]:
+        assert time.monotonic() < deadline, f"orphaned children still run:\n{env.log_tail('orph')}"
+        await asyncio.sleep(0.2)
+    text = log.read_text()
+    assert text.count(f"supervisor (pid {sup.pid}) is gone; stopping this worker process") == 2
+    assert text.count("worker stopped") >= 2  # a clean stop, as on SIGTERM
+
+    again = env.start_worker("orph", *flags)  # the same state dir: the stores must be free
+    await _until(lambda: len(_children(again.pid)) == 2, "two new children", env)
+    await env.produce_stripe(later_ids + first_ids[:20])
+    audit = await wait_for_audit(env, 350 + 320, timeout=90)
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    assert command_counts(commands) == Counter({f"stripe:{e}": 1 for e in first_ids + later_ids})
+    assert Counter(a["outcome"] for a in audit) == Counter({"first": 600, "duplicate": 70})
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=45) == 0, env.log_tail("orph")

@@ -17,6 +17,7 @@ import pytest
 from pipeline.cli import build_parser, main, parse_processes, worker_settings
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError
+from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
 from pipeline.worker.supervisor import (
     ChildSpec,
     RestartPolicy,
@@ -226,6 +227,13 @@ def test_children_do_not_inherit_the_process_count(monkeypatch: pytest.MonkeyPat
     assert "PIPELINE_PROCESSES" not in spec.env
     assert spec.env["PIPELINE_MAX_BATCH"] == "7"  # overridden by the flag, which the child gets too
     assert "--max-batch=10000" in spec.argv
+
+
+def test_children_are_told_the_supervisors_pid() -> None:
+    """Each child's environment names the supervisor, so a child can stop once it is gone."""
+    for spec in child_specs(_settings(), 3):
+        assert spec.env is not None
+        assert spec.env[SUPERVISOR_PID_ENV] == str(os.getpid())
 
 
 def test_child_specs_refuse_what_cannot_be_split() -> None:
