@@ -1,4 +1,4 @@
-"""The worker's hot modules, compiled with mypyc when the package is built, and how to tell.
+"""The hot modules of the worker and the ingress, compiled with mypyc when the package is built, and how to tell.
 
 ``setup.py`` reads :data:`COMPILED` from this file (without importing the package) and
 compiles those modules into C extensions beside their sources, unless the build runs
@@ -18,10 +18,17 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Final
 
-#: Per record, the worker spends most of its own CPU in these (``bench/hotpath.py``).
+#: Per record, the worker spends most of its own CPU in these (``bench/hotpath.py``); per request,
+#: the ingress in the providers' body, header and signature modules (``bench/ingress_bench.py``).
 COMPILED: Final = (
     "pipeline.contract",
     "pipeline.kafka.partitioner",
+    "pipeline.providers._body",
+    "pipeline.providers._headers",
+    "pipeline.providers._hmac",
+    "pipeline.providers._verify_body",
+    "pipeline.providers._verify_standard",
+    "pipeline.providers._verify_timestamped",
     "pipeline.state.decision",
     "pipeline.state.transaction",
     "pipeline.worker.classify",

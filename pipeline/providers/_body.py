@@ -26,27 +26,34 @@ _MISSING = object()
 
 
 class _LastParsed:
-    """The most recent body parsed, so one record's body is parsed once.
+    """The most recent body parsed, so one record's body is parsed once (one instance: :data:`_LAST`).
 
     The worker asks for the same body's key, type and contents in turn; the
     parsed document is treated as read-only by every caller.
     """
 
-    body: bytes | None = None
-    document: dict[str, Any] | None = None
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+        self.document: dict[str, Any] | None = None
 
 
 class _Checked:
     """simdjson's view of the most recent body it took as a JSON object.
 
     A simdjson document lives in its parser's buffers, and the parser refuses a new
-    body while any part of the old one is referenced: only this holder keeps one,
+    body while any part of the old one is referenced: only this holder (one instance:
+    :data:`_CHECKED`) keeps one,
     released before the next parse, and lookups hand out plain Python values.
     """
 
-    parser: simdjson.Parser | None = None  # created on first use, not at import
-    body: bytes | None = None
-    document: simdjson.Object | None = None
+    def __init__(self) -> None:
+        self.parser: simdjson.Parser | None = None  # created on first use, not at import
+        self.body: bytes | None = None
+        self.document: simdjson.Object | None = None
+
+
+_LAST = _LastParsed()
+_CHECKED = _Checked()
 
 
 _REFUSED = object()  # simdjson did not take the body as a JSON object: orjson decides
@@ -58,30 +65,30 @@ _BOM = b"\xef\xbb\xbf"  # simdjson skips one; orjson (and so this module) refuse
 
 def _checked(body: bytes) -> simdjson.Object | object:
     """simdjson's document of ``body`` when it is a JSON object, else ``_REFUSED``."""
-    if body is _Checked.body and _Checked.document is not None:
-        return _Checked.document
-    _Checked.body = _Checked.document = None  # the parser takes a new body only once the old is let go
+    if body is _CHECKED.body and _CHECKED.document is not None:
+        return _CHECKED.document
+    _CHECKED.body = _CHECKED.document = None  # the parser takes a new body only once the old is let go
     if len(body) > SIMDJSON_MAX_BYTES or body.startswith(_BOM):
         return _REFUSED
-    parser = _Checked.parser
+    parser = _CHECKED.parser
     if parser is None:
-        parser = _Checked.parser = simdjson.Parser()
+        parser = _CHECKED.parser = simdjson.Parser()
     try:
         document = parser.parse(body)
     except RuntimeError:  # too deep, a big integer, or a parser still in use: start afresh
-        _Checked.parser = None
+        _CHECKED.parser = None
         return _REFUSED
     except ValueError:  # malformed, or a number simdjson does not read
         return _REFUSED
     if not isinstance(document, simdjson.Object):
         return _REFUSED
-    _Checked.body, _Checked.document = body, document
+    _CHECKED.body, _CHECKED.document = body, document
     return document
 
 
 def check_object(body: bytes, provider: str) -> None:
     """Nothing when the body is a JSON object; BodyError otherwise (see :func:`parse_object`)."""
-    if body is _LastParsed.body and _LastParsed.document is not None:
+    if body is _LAST.body and _LAST.document is not None:
         return  # already parsed whole (a key hashed from body fields): not parsed again
     if _checked(body) is _REFUSED:
         parse_object(body, provider)
@@ -89,8 +96,8 @@ def check_object(body: bytes, provider: str) -> None:
 
 def value_at(body: bytes, path: str, provider: str) -> object:
     """The value at dotted ``path`` of the JSON object ``body`` (or ``_MISSING``); BodyError for a non-object."""
-    if body is _LastParsed.body and _LastParsed.document is not None:
-        return lookup(_LastParsed.document, path)
+    if body is _LAST.body and _LAST.document is not None:
+        return lookup(_LAST.document, path)
     node = _checked(body)
     if node is _REFUSED:
         return lookup(parse_object(body, provider), path)
@@ -107,15 +114,15 @@ def value_at(body: bytes, path: str, provider: str) -> object:
 
 def parse_object(body: bytes, provider: str) -> dict[str, Any]:
     """The body as a JSON object; BodyError when it is not JSON or not an object."""
-    if body is _LastParsed.body and _LastParsed.document is not None:
-        return _LastParsed.document
+    if body is _LAST.body and _LAST.document is not None:
+        return _LAST.document
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BodyError(f"{provider} body is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise BodyError(f"{provider} body is JSON but not an object (got {type(parsed).__name__})")
-    _LastParsed.body, _LastParsed.document = body, parsed
+    _LAST.body, _LAST.document = body, parsed
     return parsed
 
 
