@@ -27,6 +27,7 @@ from pipeline.errors import (
     SignatureError,
     UnknownSourceError,
 )
+from pipeline.ingress.deadline import Deadlines
 from pipeline.ingress.metrics import UNKNOWN_SOURCE_LABEL, IngressMetrics
 from pipeline.ingress.request import (
     STATUS,
@@ -116,6 +117,7 @@ class _Handlers:
         self.sink = sink
         self.max_body_bytes = max_body_bytes
         self.produce_timeout = produce_timeout
+        self.deadlines = Deadlines(produce_timeout)
         self.trust_forwarded = trust_forwarded
         self.retry_after = retry_after
         self.metrics = metrics
@@ -162,7 +164,7 @@ class _Handlers:
             status = STATUS.get(type(exc), 400)
             log.warning("refused webhook from %s key=-: %s %s: %s", source.name, status, exc.reason, exc)
             return self._refuse(status, exc)
-        self.metrics.body_bytes.observe(len(body))
+        self.metrics.body(len(body))
         headers = request.headers
         try:
             if source.verify:
@@ -207,7 +209,7 @@ class _Handlers:
         )
         shown = _printable(key)
         try:
-            async with asyncio.timeout(self.produce_timeout):  # no task per request, unlike wait_for
+            with self.deadlines.wait():  # one timer for every request's wait (see deadline.py)
                 produced: Produced = await self.sink.send(record)
         except TimeoutError:
             error = BrokerUnavailableError(f"Kafka did not acknowledge within {self.produce_timeout:g}s")

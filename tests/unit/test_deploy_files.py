@@ -167,18 +167,23 @@ def _metric_labels() -> dict[str, frozenset[str]]:
         "histogram": ("_bucket", "_count", "_sum", "_created"),
         "summary": ("", "_count", "_sum", "_created"),
     }
-    for metrics in (WorkerMetrics.create(), IngressMetrics.create()):
-        for field in dataclasses.fields(metrics):
-            metric = getattr(metrics, field.name)
-            if not isinstance(metric, MetricWrapperBase):
-                continue
-            labels = frozenset(metric._labelnames)
-            for suffix in suffixes[metric._type]:
-                extra = {"le"} if suffix == "_bucket" else set()
-                names[metric._name + suffix] = labels | extra
+    worker = WorkerMetrics.create()
+    for field in dataclasses.fields(worker):
+        metric = getattr(worker, field.name)
+        if not isinstance(metric, MetricWrapperBase):
+            continue
+        labels = frozenset(metric._labelnames)
+        for suffix in suffixes[metric._type]:
+            extra = {"le"} if suffix == "_bucket" else set()
+            names[metric._name + suffix] = labels | extra
+    # the ingress counts in its own collector: one request shows every sample it exposes
+    ingress = IngressMetrics.create()
+    ingress.request("stripe", 202, 0.01)
+    ingress.body(100)
+    for metrics in (worker, ingress):
         # and the registry agrees (no metric outside the dataclass fields but the process collectors)
         for family in metrics.registry.collect():
-            if family.name.startswith(PROCESS_PREFIXES):
+            if family.name.startswith(PROCESS_PREFIXES) or metrics is ingress:
                 for sample in family.samples:
                     names[sample.name] = frozenset(sample.labels)
                 continue
