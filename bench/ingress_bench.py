@@ -1,6 +1,7 @@
 """Benchmark the HTTP ingress against a bare aiohttp handler (run by hand, not a test).
 
     python bench/ingress_bench.py --bootstrap 127.0.0.1:19092 --requests 20000 --concurrency 64
+    python bench/ingress_bench.py --bootstrap 127.0.0.1:19092 --rounds 5   # interleaved, then medians
 
 The servers run in this process, one after the other, each on its own event loop: a bare
 aiohttp app whose handler reads the body and answers 200 (on asyncio's loop, as aiohttp
@@ -21,6 +22,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -266,6 +268,25 @@ def _table(results: list[tuple[str, dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
+def _summary(rounds: list[list[tuple[str, dict[str, object]]]]) -> str:
+    """Per row: each round's ratio to that round's baseline, and the medians (the machine is shared)."""
+    lines = [
+        "| server | median req/s | median CPU µs/request | ratio per round | median ratio | median CPU ratio |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for index, (name, _) in enumerate(rounds[0]):
+        rps = [float(r[index][1]["rps"]) for r in rounds]  # type: ignore[arg-type]
+        cpu = [float(r[index][1]["cpu_us"]) for r in rounds]  # type: ignore[arg-type]
+        ratios = [float(r[index][1]["rps"]) / float(r[0][1]["rps"]) for r in rounds]  # type: ignore[arg-type]
+        cpu_ratios = [float(r[0][1]["cpu_us"]) / float(r[index][1]["cpu_us"]) for r in rounds]  # type: ignore[arg-type]
+        lines.append(
+            f"| {name} | {statistics.median(rps):,.0f} | {statistics.median(cpu):.0f} "
+            f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} "
+            f"| {statistics.median(cpu_ratios):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
@@ -277,8 +298,13 @@ def main() -> int:
     parser.add_argument(
         "--skip-ingress-asyncio", action="store_true", help="leave out the ingress row on asyncio's loop"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run every row this many times, interleaved; then medians"
+    )
     parser.add_argument("--load", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.load:
         result = asyncio.run(_load(args.load, args.requests, args.concurrency, args.max_seconds, args.warmup))
         print(json.dumps(result))
@@ -286,10 +312,17 @@ def main() -> int:
     print(f"machine: {_machine()}")
     print(
         f"command: python bench/ingress_bench.py --bootstrap {args.bootstrap} "
-        f"--requests {args.requests} --concurrency {args.concurrency}"
+        f"--requests {args.requests} --concurrency {args.concurrency} --rounds {args.rounds}"
     )
-    results = _bench(args)
-    print(_table(results))
+    rounds: list[list[tuple[str, dict[str, object]]]] = []
+    for number in range(1, args.rounds + 1):
+        rounds.append(_bench(args))
+        if args.rounds > 1:
+            print(f"round {number} of {args.rounds}:")
+        print(_table(rounds[-1]))
+    if args.rounds > 1:
+        print(f"over {args.rounds} rounds (each round's ratios against its own bare aiohttp row):")
+        print(_summary(rounds))
     return 0
 
 
