@@ -14,10 +14,12 @@ import bisect
 from collections.abc import Iterator, Sequence
 from typing import cast
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from pipeline.worker.metrics import register_process_collectors  # the worker's and the ingress's
 
 #: The ``source`` label of requests to a source the topology does not have (bounded cardinality).
 UNKNOWN_SOURCE_LABEL = "-"
@@ -64,9 +66,7 @@ class IngressMetrics:
     def create(cls) -> IngressMetrics:
         """Fresh metrics in a fresh registry, with the process collectors."""
         registry = CollectorRegistry()
-        ProcessCollector(registry=registry)  # CPU, memory, file descriptors of the process
-        PlatformCollector(registry=registry)
-        GCCollector(registry=registry)
+        register_process_collectors(registry)
         metrics = cls(registry)
         registry.register(cast("Collector", metrics))  # duck-typed: it has collect()
         return metrics
