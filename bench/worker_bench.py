@@ -495,6 +495,19 @@ class Broker:
         )
         return {tp.partition: (offsets[tp].offset if tp in offsets else -1) for tp in tps}
 
+    async def group_members(self, group: str) -> set[str]:
+        """The member ids of ``group`` once it is Stable (assignments handed out); empty before."""
+        if group not in self._coordinators:
+            self._coordinators[group] = await self._admin().find_coordinator(group)
+        responses = await self._admin().describe_consumer_groups(
+            [group], group_coordinator_id=self._coordinators[group]
+        )
+        for response in responses:
+            for described in response.to_object()["groups"]:
+                if described["group"] == group and described["state"] == "Stable":
+                    return {member["member_id"] for member in described["members"]}
+        return set()
+
     async def delete_created(self) -> None:
         if not self.created:
             return
