@@ -84,6 +84,9 @@ def stale(find: Finder = importlib.util.find_spec) -> list[str]:
         if built is None:
             continue
         source = built.parent / f"{name.rpartition('.')[2]}.py"
-        if source.is_file() and source.stat().st_mtime > built.stat().st_mtime + STALE_AFTER_S:
-            found.append(name)
+        try:
+            if source.stat().st_mtime > built.stat().st_mtime + STALE_AFTER_S:
+                found.append(name)
+        except FileNotFoundError:  # no source beside it, or the compiled file removed since the import
+            continue
     return found

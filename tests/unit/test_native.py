@@ -94,3 +94,17 @@ def test_a_compiled_module_whose_source_was_edited_after_the_build_is_stale(tmp_
     assert native.stale(find) == []
     os.utime(source, (at + native.STALE_AFTER_S + 60, at + native.STALE_AFTER_S + 60))  # edited later
     assert native.stale(find) == [name]
+
+
+def test_a_compiled_file_removed_after_its_import_is_not_reported_and_does_not_raise(tmp_path: Path) -> None:
+    """The start-up check skips a module whose compiled file is gone (removed by hand) instead of crashing."""
+    name = "pipeline.worker.emitter"
+    built = tmp_path / "emitter.cpython-311-x86_64-linux-gnu.so"
+    (tmp_path / "emitter.py").write_text("")
+    loader = importlib.machinery.ExtensionFileLoader(name, str(built))
+    spec = importlib.util.spec_from_file_location(name, built, loader=loader)
+
+    def find(module: str) -> importlib.machinery.ModuleSpec | None:
+        return spec if module == name else None
+
+    assert native.stale(find) == []
