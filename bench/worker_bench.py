@@ -724,6 +724,7 @@ class Latency:
     p99_ms: float
     max_ms: float
     achieved_rate: float
+    cpu_us_per_event: float = float("nan")  # the contender's CPU from the first send to the last record seen
 
 
 async def latency_phase(
@@ -771,6 +772,7 @@ async def latency_phase(
         reader = asyncio.create_task(read())
         futures: list[asyncio.Future[Any]] = []
         records = list(stream.records())
+        cpu_before = proc.cpu_seconds()
         began = time.monotonic()
         index = 0
         while index < len(records):
@@ -798,6 +800,7 @@ async def latency_phase(
         while len(delays) < len(sent_at) and time.monotonic() < deadline and not reader.done():
             proc.check()
             await asyncio.sleep(0.1)
+        cpu_used = proc.cpu_seconds() - cpu_before
         stop_reading.set()
         await reader
     finally:
@@ -815,6 +818,7 @@ async def latency_phase(
         p99_ms=percentile(values, 99),
         max_ms=values[-1] if values else float("nan"),
         achieved_rate=len(records) / produced_in if produced_in > 0 else float("nan"),
+        cpu_us_per_event=cpu_used / len(records) * 1e6 if records else float("nan"),
     )
 
 
@@ -1198,7 +1202,8 @@ class Bench:
             return
         say(
             f"  {result.name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms, max {lat.max_ms:.0f} ms "
-            f"({lat.seen:,}/{lat.firsts:,} first copies seen, {lat.sent:,} sent at {lat.achieved_rate:,.0f}/s)"
+            f"({lat.seen:,}/{lat.firsts:,} first copies seen, {lat.sent:,} sent at {lat.achieved_rate:,.0f}/s); "
+            f"CPU {lat.cpu_us_per_event:.0f} µs per event meanwhile"
         )
 
     @staticmethod

@@ -448,7 +448,8 @@ class Bench:
             lat = row.latency
             say(
                 f"  {name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms "
-                f"({lat.seen:,}/{lat.firsts:,} seen, sent at {lat.achieved_rate:,.0f}/s)"
+                f"({lat.seen:,}/{lat.firsts:,} seen, sent at {lat.achieved_rate:,.0f}/s); "
+                f"CPU {lat.cpu_us_per_event:.0f} µs per event meanwhile"
             )
             total += len(self.latency_stream)
             await wb.drain(proc, handled, total, timeout=120, label=f"{name} (catching up)")
