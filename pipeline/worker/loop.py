@@ -45,6 +45,8 @@ from pipeline.worker.partition import Partition
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_Batches = dict[TopicPartition, list[Any]]
+_Positions = dict[TopicPartition, tuple[Partition, int]]  # each partition and its generation
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -74,6 +76,8 @@ class Worker:
         self._paused: set[TopicPartition] = set()  # by the loop, because records piled up
         self._unserved_since: dict[TopicPartition, float] = {}
         self._stopping = asyncio.Event()
+        self._woken = asyncio.Event()  # cuts a waiting fetch short: a commit ended, stop, a failure
+        self._pending_fetch: tuple[asyncio.Future[_Batches], _Positions] | None = None
         self._fatal: PipelineError | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._outputs: OutputTopics | None = None
@@ -148,6 +152,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the loop to finish its transactions and exit."""
         self._stopping.set()
+        self._woken.set()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy when every assigned partition is served and none is stuck; the details either way."""
@@ -171,9 +176,8 @@ class Worker:
 
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
-        before = {tp: (part, part.generation) for tp, part in self._partitions.items()}
         wait = poll_ms(self._partitions, commit_interval=self.settings.commit_interval)
-        batches = await consumer.getmany(timeout_ms=wait, max_records=self.settings.fetch_records)
+        batches, before = await self._fetch(consumer, wait)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
             if part is None or not part.serving:
@@ -196,6 +200,37 @@ class Worker:
         self._commit_due()
         await self._reap()
         self._watch()
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, wait_ms: int) -> tuple[_Batches, _Positions]:
+        """Fetch, waiting up to ``wait_ms`` unless a commit ends, the worker stops or fails meanwhile.
+
+        Records held for a committing partition are handled as soon as its commit
+        ends, with no polling while it runs. A fetch cut short is not cancelled
+        (aiokafka's ``getmany`` does not undo its bookkeeping when cancelled): it
+        stays pending, and a later cycle takes what it returns. Also returned: each
+        partition and its generation when that fetch began, to tell stale records.
+        """
+        limit = self.settings.fetch_records
+        self._woken.clear()
+        hurry = wait_ms == 0 or self._stopping.is_set() or self._fatal is not None
+        if self._pending_fetch is None:
+            began = {tp: (part, part.generation) for tp, part in self._partitions.items()}
+            if hurry:
+                batches: _Batches = await consumer.getmany(timeout_ms=0, max_records=limit)
+                return batches, began
+            task = asyncio.ensure_future(consumer.getmany(timeout_ms=wait_ms, max_records=limit))
+            self._pending_fetch = (task, began)
+        fetch, began = self._pending_fetch
+        if not fetch.done() and not hurry:
+            woken = asyncio.ensure_future(self._woken.wait())
+            try:
+                await asyncio.wait((fetch, woken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+        if not fetch.done():
+            return {}, began
+        self._pending_fetch = None
+        return fetch.result(), began
 
     def _backpressure(self, part: Partition) -> None:
         """Pause a partition whose queue reached ``fetch_records``; resume it once the queue drains."""
@@ -239,6 +274,7 @@ class Worker:
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]
+            self._woken.set()  # records held for this commit are handled now, not at the next fetch
 
     async def _reap(self) -> None:
         """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""
@@ -279,6 +315,10 @@ class Worker:
             return
         for task in list(self._opening.values()):
             task.cancel()
+        if self._pending_fetch is not None:
+            self._pending_fetch[0].cancel()
+            await asyncio.gather(self._pending_fetch[0], return_exceptions=True)
+            self._pending_fetch = None
         await asyncio.gather(*self._opening.values(), *self._commits.values(), return_exceptions=True)
         await self._close_all(set(self._partitions), commit=commit)
         await consumer.stop()
@@ -371,6 +411,7 @@ class Worker:
         log.error("%s", exc)
         if self._fatal is None:
             self._fatal = exc
+        self._woken.set()
 
     async def _close_all(self, tps: set[TopicPartition], *, commit: bool) -> None:
         await asyncio.gather(*(self._close(tp, commit=commit) for tp in tps if tp in self._partitions))

@@ -195,6 +195,7 @@ class FakeProducer:
         self.fail_send_if: Failure | None = None  # given the batch's records
         self.fail_commit_if: Failure | None = None  # given the transaction's records
         self.on_commit: Callable[[], None] | None = None  # runs as commit_transaction starts
+        self.commit_gate: asyncio.Event | None = None  # when set up, commit_transaction waits for it
         self.in_transaction = False
         self.pending: list[Sent] = []  # sent in the open transaction
         self.committed: list[Sent] = []
@@ -271,6 +272,8 @@ class FakeProducer:
         self._pending_offsets.extend((t, o, group) for t, o in offsets.items())
 
     async def commit_transaction(self) -> None:
+        if self.commit_gate is not None:
+            await self.commit_gate.wait()
         if self.on_commit is not None:
             self.on_commit()
         self.calls.append("commit")
@@ -376,6 +379,8 @@ class FakeConsumer:
         self.listener: Any = None
         self.topics: list[str] = []
         self.polls = 0
+        self.max_wait_ms = 10  # an empty fetch waits up to this, or its timeout if shorter
+        self.cancelled_fetches = 0
         self.on_poll: Callable[[int], Any] | None = None  # called with the poll number; may raise or stop
         self.started = False
         self.stopped = False
@@ -441,6 +446,19 @@ class FakeConsumer:
             self.assigned |= fresh
             if self.listener is not None:
                 await self.listener.on_partitions_assigned(fresh)
+        await asyncio.sleep(0)
+        batches = self._take(max_records)
+        if batches or not timeout_ms:
+            return batches
+        try:
+            await asyncio.sleep(min(timeout_ms, self.max_wait_ms) / 1000)
+        except asyncio.CancelledError:
+            self.cancelled_fetches += 1  # aiokafka's getmany would leave its fetch count raised
+            raise
+        # as aiokafka: records are taken only as it returns, never before a wait
+        return self._take(max_records)
+
+    def _take(self, max_records: int | None) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
         batches = {}
         for p in sorted(self.assigned - self.paused, key=lambda t: t.partition):
             position = self.positions.get(p)
@@ -450,7 +468,6 @@ class FakeConsumer:
             if fetched:
                 batches[p] = fetched
                 self.positions[p] = fetched[-1].offset + 1
-        await asyncio.sleep(0 if batches else min(timeout_ms, 10) / 1000)
         return batches
 
 

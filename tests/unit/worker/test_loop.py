@@ -25,7 +25,7 @@ from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.loop import Worker
 from pipeline.worker.opening import store_path
-from pipeline.worker.pacing import HELD_POLL_MS, poll_ms
+from pipeline.worker.pacing import poll_ms
 
 from .fakes import (
     INPUT,
@@ -342,24 +342,58 @@ async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the
     assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 3)
 
 
+async def test_records_held_for_a_slow_commit_are_handled_as_soon_as_it_ends(start_worker: Starter) -> None:
+    """The end of a commit (here 0.4 s long) wakes the loop from its fetch: the held records commit at once, not a fetch wait later."""
+    w = await start_worker(assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0)
+    w.run()
+    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
+    part = w.worker._partitions[TP0]
+    producer = w.clients.producers.of(0)
+    gate = producer.commit_gate = asyncio.Event()
+    w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 3)))
+    await eventually(lambda: part.state is PartitionState.COMMITTING, what="the first commit")
+    w.consumer.logs[TP0].extend(records(0, 3, keys_for(0, 2, start=3)))
+    await eventually(lambda: len(part.queue) == 2, what="two records held for the commit")
+    w.consumer.max_wait_ms = 10_000  # from now on an empty fetch waits its whole timeout (2 s)
+    await asyncio.sleep(0.4)
+    gate.set()
+    await eventually(
+        lambda: producer.offsets == [(TP0, 3, GROUP), (TP0, 5, GROUP)], timeout=1.0, what="the second commit"
+    )
+    assert (
+        w.consumer.cancelled_fetches == 0
+    )  # the fetch cut short stays pending: aiokafka's is not cancel-safe
+
+
+async def test_stop_cuts_a_waiting_fetch_short(start_worker: Starter) -> None:
+    """stop() on an idle worker returns from run() at once, not after the fetch's wait (10 s here)."""
+    w = await start_worker(assign={TP0}, logs={}, commit_interval=20.0)
+    task = w.run()
+    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
+    w.consumer.max_wait_ms = 60_000
+    await asyncio.sleep(0.05)  # the loop is in its fetch now
+    began = time.monotonic()
+    w.worker.stop()
+    await asyncio.wait_for(task, 1.0)
+    assert time.monotonic() - began < 1.0
+
+
 @pytest.mark.parametrize(
     ("partitions", "expected"),
     [
         ([], 50),  # nothing waits: up to half the commit interval
-        ([(PartitionState.READY, 0, 0.0)], 50),
-        ([(PartitionState.COMMITTING, 3, 0.01)], HELD_POLL_MS),  # records wait for a commit: follow it
-        ([(PartitionState.COMMITTING, 3, 5.0)], 50),  # a commit stuck on the broker: no busy polling
-        ([(PartitionState.COMMITTING, 3, 0.01), (PartitionState.READY, 2, 0.0)], 0),  # records to handle
-        ([(PartitionState.OPENING, 3, 0.0)], 50),
+        ([(PartitionState.READY, 0)], 50),
+        ([(PartitionState.COMMITTING, 3)], 50),  # records wait for a commit: its end wakes the fetch
+        ([(PartitionState.COMMITTING, 3), (PartitionState.READY, 2)], 0),  # records to handle
+        ([(PartitionState.OPENING, 3)], 50),
     ],
 )
-def test_the_fetch_waits_only_as_long_as_nothing_is_held(
-    partitions: list[tuple[PartitionState, int, float]], expected: int
+def test_the_fetch_does_not_wait_only_when_records_can_be_handled(
+    partitions: list[tuple[PartitionState, int]], expected: int
 ) -> None:
-    """The poll timeout: 0 with handleable records, HELD_POLL_MS in a commit's first HELD_POLL_FOR while records wait for it, else interval/2."""
-    now = time.monotonic()
+    """The poll timeout: 0 with handleable records, else half the commit interval (no polling while a commit holds records)."""
     parts = {
-        tp(i): SimpleNamespace(state=st, queue=[object()] * queued, state_since=now - age)
-        for i, (st, queued, age) in enumerate(partitions)
+        tp(i): SimpleNamespace(state=st, queue=[object()] * queued)
+        for i, (st, queued) in enumerate(partitions)
     }
     assert poll_ms(parts, commit_interval=0.1) == expected  # type: ignore[arg-type]
