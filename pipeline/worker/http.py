@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from pipeline.errors import ConfigError
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
 
@@ -79,3 +80,15 @@ def describe(key: str, topic: str, partition: int, entry: Entry | None) -> dict[
     if entry is not None:
         answer["entry"] = entry._asdict()
     return answer
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Listen on ``host:port``; a port that cannot be had is a ConfigError (nothing is left running)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"cannot serve metrics on port {port}: {exc}") from None
+    return runner

@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 
 from pipeline import native
 from pipeline.config import WorkerSettings
-from pipeline.errors import BrokerUnavailableError, ConfigError, PartitionUnservedError, PipelineError
+from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, PipelineError
 from pipeline.kafka.admin import topic_layout
 from pipeline.kafka.clients import worker_consumer
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
@@ -35,6 +35,7 @@ from pipeline.topology import Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
 from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
@@ -45,7 +46,6 @@ from pipeline.worker.partition import Partition
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_Batches = dict[TopicPartition, list[Any]]
 _Positions = dict[TopicPartition, tuple[Partition, int]]  # each partition and its generation
 
 
@@ -76,8 +76,7 @@ class Worker:
         self._paused: set[TopicPartition] = set()  # by the loop, because records piled up
         self._unserved_since: dict[TopicPartition, float] = {}
         self._stopping = asyncio.Event()
-        self._woken = asyncio.Event()  # cuts a waiting fetch short: a commit ended, stop, a failure
-        self._pending_fetch: tuple[asyncio.Future[_Batches], _Positions] | None = None
+        self._fetch = LoopFetch(max_records=self.settings.fetch_records, snapshot=self._positions)
         self._fatal: PipelineError | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._outputs: OutputTopics | None = None
@@ -131,14 +130,7 @@ class Worker:
             self.metrics.registry,
             self.health,
         )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.settings.http_host, port).start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(f"cannot serve metrics on port {port}: {exc}") from None
-        self._http = runner
+        self._http = await worker_http.serve(app, self.settings.http_host, port)
         log.info("metrics and inspect endpoint on port %s", port)
 
     def _stages(self) -> list[tuple[str, str]]:
@@ -152,7 +144,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the loop to finish its transactions and exit."""
         self._stopping.set()
-        self._woken.set()
+        self._fetch.wake()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy when every assigned partition is served and none is stuck; the details either way."""
@@ -177,7 +169,8 @@ class Worker:
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
         wait = poll_ms(self._partitions, commit_interval=self.settings.commit_interval)
-        batches, before = await self._fetch(consumer, wait)
+        hurry = self._stopping.is_set() or self._fatal is not None
+        batches, before = await self._fetch.next(consumer, wait, hurry=hurry)
         for tp, records in batches.items():
             part = self._partitions.get(tp)
             if part is None or not part.serving:
@@ -201,36 +194,9 @@ class Worker:
         await self._reap()
         self._watch()
 
-    async def _fetch(self, consumer: AIOKafkaConsumer, wait_ms: int) -> tuple[_Batches, _Positions]:
-        """Fetch, waiting up to ``wait_ms`` unless a commit ends, the worker stops or fails meanwhile.
-
-        Records held for a committing partition are handled as soon as its commit
-        ends, with no polling while it runs. A fetch cut short is not cancelled
-        (aiokafka's ``getmany`` does not undo its bookkeeping when cancelled): it
-        stays pending, and a later cycle takes what it returns. Also returned: each
-        partition and its generation when that fetch began, to tell stale records.
-        """
-        limit = self.settings.fetch_records
-        self._woken.clear()
-        hurry = wait_ms == 0 or self._stopping.is_set() or self._fatal is not None
-        if self._pending_fetch is None:
-            began = {tp: (part, part.generation) for tp, part in self._partitions.items()}
-            if hurry:
-                batches: _Batches = await consumer.getmany(timeout_ms=0, max_records=limit)
-                return batches, began
-            task = asyncio.ensure_future(consumer.getmany(timeout_ms=wait_ms, max_records=limit))
-            self._pending_fetch = (task, began)
-        fetch, began = self._pending_fetch
-        if not fetch.done() and not hurry:
-            woken = asyncio.ensure_future(self._woken.wait())
-            try:
-                await asyncio.wait((fetch, woken), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-        if not fetch.done():
-            return {}, began
-        self._pending_fetch = None
-        return fetch.result(), began
+    def _positions(self) -> _Positions:
+        """Each partition and its generation, as a fetch begins (records of an older one are stale)."""
+        return {tp: (part, part.generation) for tp, part in self._partitions.items()}
 
     def _backpressure(self, part: Partition) -> None:
         """Pause a partition whose queue reached ``fetch_records``; resume it once the queue drains."""
@@ -274,7 +240,7 @@ class Worker:
         finally:
             if self._commits.get(part.tp) is asyncio.current_task():
                 del self._commits[part.tp]
-            self._woken.set()  # records held for this commit are handled now, not at the next fetch
+            self._fetch.wake()  # records held for this commit are handled now, not at the next fetch
 
     async def _reap(self) -> None:
         """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""
@@ -315,10 +281,7 @@ class Worker:
             return
         for task in list(self._opening.values()):
             task.cancel()
-        if self._pending_fetch is not None:
-            self._pending_fetch[0].cancel()
-            await asyncio.gather(self._pending_fetch[0], return_exceptions=True)
-            self._pending_fetch = None
+        await self._fetch.close()
         await asyncio.gather(*self._opening.values(), *self._commits.values(), return_exceptions=True)
         await self._close_all(set(self._partitions), commit=commit)
         await consumer.stop()
@@ -411,7 +374,7 @@ class Worker:
         log.error("%s", exc)
         if self._fatal is None:
             self._fatal = exc
-        self._woken.set()
+        self._fetch.wake()
 
     async def _close_all(self, tps: set[TopicPartition], *, commit: bool) -> None:
         await asyncio.gather(*(self._close(tp, commit=commit) for tp in tps if tp in self._partitions))
