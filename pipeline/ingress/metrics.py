@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from pipeline.worker.metrics import register_process_collectors  # the worker's and the ingress's
+from pipeline.process_metrics import register_process_collectors
 
 #: The ``source`` label of requests to a source the topology does not have (bounded cardinality).
 UNKNOWN_SOURCE_LABEL = "-"

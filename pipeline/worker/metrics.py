@@ -1,28 +1,15 @@
-"""Prometheus metrics of the worker and the ingress (names follow Prometheus conventions)."""
+"""Prometheus metrics of the worker (names follow Prometheus conventions)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pipeline.process_metrics import register_process_collectors
 
 EFFECT_PREFIX = "effect-"  # outcomes the effect stage reports, e.g. effect-duplicate
-
-
-def register_process_collectors(registry: CollectorRegistry) -> None:
-    """The process's CPU, memory and file descriptors, the Python platform and GC, in ``registry``."""
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
 
 
 class Recorder(Protocol):
