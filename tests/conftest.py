@@ -88,15 +88,25 @@ def bootstrap(broker: Broker) -> str:
     return broker.bootstrap
 
 
+@dataclass(frozen=True)
+class Unique:
+    """Names unique to one test: ``prefix-<token>``; the token also finds them again for cleanup."""
+
+    token: str
+
+    def __call__(self, prefix: str) -> str:
+        return f"{prefix}-{self.token}"
+
+    def made(self, name: str) -> bool:
+        """Whether ``name`` is one of this test's (``<prefix>-<token>``, maybe with a suffix)."""
+        head, sep, tail = name.partition(f"-{self.token}")
+        return bool(sep) and bool(head) and (not tail or tail[0] in ".-_")
+
+
 @pytest.fixture
-def unique() -> Callable[[str], str]:
+def unique() -> Unique:
     """Make names unique to this test (topics, groups, transactional ids)."""
-    token = uuid.uuid4().hex[:10]
-
-    def make(prefix: str) -> str:
-        return f"{prefix}-{token}"
-
-    return make
+    return Unique(uuid.uuid4().hex[:10])
 
 
 TopicFactory = Callable[..., Awaitable[str]]

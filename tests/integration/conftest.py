@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
+from tests.conftest import Unique
 from tests.integration.harness import Env, write_topology
 from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401  (fixtures for this directory)
+
+
+@pytest.fixture(autouse=True)
+async def _delete_this_tests_topics(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After a test that named things with ``unique``, delete the topics it (or a CLI it ran) made.
+
+    Without this a suite run leaves thousands of partitions on the broker, and a broker carrying
+    them starts slowly, spends its heap on them and collects garbage every half second.
+    """
+    if "unique" not in request.fixturenames or "bootstrap" not in request.fixturenames:
+        yield
+        return
+    # Asked for here, before the test, so that both outlive this fixture's teardown.
+    unique: Unique = request.getfixturevalue("unique")
+    bootstrap: str = request.getfixturevalue("bootstrap")
+    yield
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        mine = [name for name in await admin.list_topics() if unique.made(name)]
+        if mine:
+            await admin.delete_topics(mine)
+    except KafkaError as exc:  # a test that stopped the broker on purpose; nothing to assert here
+        warnings.warn(f"could not delete this test's topics: {exc!r}", stacklevel=1)
+    finally:
+        await admin.close()
 
 
 @pytest.fixture
