@@ -76,7 +76,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, KafkaError
 
 from pipeline import kafka, topology
 from pipeline.kafka import TopicSpec, owner_partition
@@ -487,22 +487,32 @@ class Broker:
         ends = await self._consumer().end_offsets(tps)
         return {tp.partition: ends[tp] for tp in tps}
 
+    async def _coordinator(self, group: str) -> int:
+        """The group's coordinator; on a fresh broker the first ask creates the offsets topic, so retry."""
+        if group not in self._coordinators:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    self._coordinators[group] = await self._admin().find_coordinator(group)
+                    break
+                except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError):
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+        return self._coordinators[group]
+
     async def committed(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed offsets on ``topic`` (-1 where none)."""
         tps = await self.partitions(topic)
-        if group not in self._coordinators:
-            self._coordinators[group] = await self._admin().find_coordinator(group)
         offsets = await self._admin().list_consumer_group_offsets(
-            group, group_coordinator_id=self._coordinators[group], partitions=tps
+            group, group_coordinator_id=await self._coordinator(group), partitions=tps
         )
         return {tp.partition: (offsets[tp].offset if tp in offsets else -1) for tp in tps}
 
     async def group_members(self, group: str) -> set[str]:
         """The member ids of ``group`` once it is Stable (assignments handed out); empty before."""
-        if group not in self._coordinators:
-            self._coordinators[group] = await self._admin().find_coordinator(group)
         responses = await self._admin().describe_consumer_groups(
-            [group], group_coordinator_id=self._coordinators[group]
+            [group], group_coordinator_id=await self._coordinator(group)
         )
         for response in responses:
             for described in response.to_object()["groups"]:
