@@ -54,6 +54,9 @@ class WorkerSettings:
     linger_ms: int = 5  # the transactional producers' linger
     fetch_max_bytes: int = 16 * MIB  # the worker consumer's fetch size, all partitions
     max_partition_fetch_bytes: int = 4 * MIB  # ... and per partition
+    # check each fetched batch's CRC in the consumer (about 3% of the worker's CPU under load); the
+    # broker checks it on produce. Off as in librdkafka (check.crcs); the Java client checks.
+    check_crcs: bool = False
     restore_fetch_bytes: int = 32 * MIB  # the restore consumer's fetch size
     store_lock_wait: float = 30.0  # seconds to wait for a previous owner's RocksDB lock
     open_timeout: float = 120.0  # seconds a partition may keep failing to open before the worker exits
@@ -197,6 +200,11 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker("linger_ms", "the transactional producers' linger"),
     _worker("fetch_max_bytes", "the worker consumer's fetch size, all partitions together"),
     _worker("max_partition_fetch_bytes", "the worker consumer's fetch size per partition"),
+    _worker(
+        "check_crcs",
+        "check every fetched batch's CRC32C in the worker (the broker checks it on produce; "
+        "about 3% of the worker's CPU under load)",
+    ),
     _worker("restore_fetch_bytes", "the restore consumer's fetch size"),
     _worker("store_lock_wait", "seconds to wait for a previous owner's RocksDB lock"),
     _worker("open_timeout", "seconds a partition may keep failing to open before the worker exits"),

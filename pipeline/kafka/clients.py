@@ -38,6 +38,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
         max_poll_records=settings.fetch_records,
         fetch_max_bytes=settings.fetch_max_bytes,
         max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+        check_crcs=settings.check_crcs,
         session_timeout_ms=settings.session_timeout_ms,
         group_instance_id=settings.instance_id,
         heartbeat_interval_ms=max(settings.session_timeout_ms // 5, 300),

@@ -11,7 +11,7 @@ from aiokafka.producer import sender
 
 from pipeline.config import WorkerSettings
 from pipeline.kafka import KeyPartitioner, murmur2, owner_partition
-from pipeline.kafka.clients import CONCURRENT_TXN_RETRY_S, transactional_producer
+from pipeline.kafka.clients import CONCURRENT_TXN_RETRY_S, transactional_producer, worker_consumer
 
 
 @pytest.mark.parametrize("length", range(80))
@@ -57,3 +57,19 @@ async def test_transactional_producers_retry_a_concurrent_transaction_after_5_ms
     settings = WorkerSettings(bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path)
     transactional_producer(settings, "t-1")
     assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S
+
+
+@pytest.mark.parametrize("check", [False, True])
+async def test_the_worker_consumer_checks_crcs_as_configured(tmp_path: Path, *, check: bool) -> None:
+    """``check_crcs`` reaches the worker's consumer, whose fetcher checks each batch's CRC32C only when on."""
+    settings = WorkerSettings(
+        bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path, check_crcs=check
+    )
+    consumer = worker_consumer(settings)
+    assert consumer._check_crcs is check
+
+
+def test_the_worker_does_not_check_crcs_by_default(tmp_path: Path) -> None:
+    """Off unless asked for, as in librdkafka: the broker has checked every batch on produce."""
+    settings = WorkerSettings(bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path)
+    assert settings.check_crcs is False
