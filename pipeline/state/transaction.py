@@ -31,7 +31,7 @@ from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from pipeline.dead_letter import RECORD_OVERHEAD, record_size
 from pipeline.errors import PartitionFencedError, PipelineError, RecordTooLargeError, StoreError
-from pipeline.state.decision import Entry
+from pipeline.state.decision import Entry, tuple_of
 from pipeline.state.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ class PartitionTransaction:
         """
         earlier = self._staged.get(key)
         value = entry.encode()
-        self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
+        change: Change = tuple_of(Change, (entry, earlier.previous if earlier else previous, value))
+        self._staged[key] = change
         changelog = self.changelog
         self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=timestamp)
 

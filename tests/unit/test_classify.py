@@ -48,7 +48,10 @@ def test_a_well_formed_record_is_accepted_with_its_event_type(classifier: Classi
     result = classifier.classify(_delivery(b"stripe:evt_1", BODY, STRIPE))
     assert isinstance(result, Accepted)
     assert result.key == "stripe:evt_1"
+    assert result.key_bytes == b"stripe:evt_1"
+    assert result.source.name == "stripe"
     assert result.event_type == "charge.succeeded"
+    assert result.body == BODY
 
 
 @pytest.mark.parametrize(

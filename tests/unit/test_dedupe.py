@@ -74,6 +74,48 @@ def test_entries_round_trip_through_their_encoding() -> None:
     assert Entry.decode(entry.encode()) == entry
 
 
+def test_decisions_hold_every_field_by_name() -> None:
+    """Each field of a decision and its entries is where its name says (they are built positionally)."""
+    first = decide(
+        None,
+        timestamp=100,
+        ttl_ms=TTL,
+        sliding=False,
+        partition=3,
+        offset=7,
+        command="c",
+        topic="t",
+        body_hash="h",
+    )
+    assert first == decision.Decision(
+        outcome=Outcome.FIRST,
+        entry=Entry(
+            first_seen=100,
+            expires_at=1_100,
+            partition=3,
+            offset=7,
+            last_seen=100,
+            command="c",
+            topic="t",
+            body_hash="h",
+        ),
+        previous=None,
+    )
+    assert type(first) is decision.Decision
+    assert type(first.entry) is Entry
+    later = decide(
+        first.entry, timestamp=200, ttl_ms=TTL, sliding=True, partition=0, offset=9, body_hash="other"
+    )
+    assert later == decision.Decision(
+        outcome=Outcome.CONFLICT,
+        entry=first.entry._replace(duplicates=1, last_seen=200, expires_at=1_200, conflicts=1),
+        previous=first.entry,
+    )
+    decoded = Entry.decode(later.entry.encode())
+    assert decoded == later.entry
+    assert type(decoded) is Entry
+
+
 def test_decisions_are_deterministic() -> None:
     """The same inputs always give the same decision (replays agree)."""
     assert _decide(None, 5) == _decide(None, 5)
