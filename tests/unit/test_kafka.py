@@ -55,8 +55,11 @@ async def test_transactional_producers_retry_a_concurrent_transaction_after_5_ms
     assert hasattr(sender, "BACKOFF_OVERRIDE"), "aiokafka no longer has the constant: revisit clients.py"
     monkeypatch.setattr(sender, "BACKOFF_OVERRIDE", 0.02)  # aiokafka's own, whatever ran before
     settings = WorkerSettings(bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path)
-    transactional_producer(settings, "t-1")
-    assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S
+    producer = transactional_producer(settings, "t-1")
+    try:
+        assert sender.BACKOFF_OVERRIDE == CONCURRENT_TXN_RETRY_S
+    finally:
+        await producer.stop()  # never started: only its client is closed (no ResourceWarning)
 
 
 @pytest.mark.parametrize("check", [False, True])
@@ -66,7 +69,10 @@ async def test_the_worker_consumer_checks_crcs_as_configured(tmp_path: Path, *, 
         bootstrap="127.0.0.1:1", topology=tmp_path / "t.toml", state_dir=tmp_path, check_crcs=check
     )
     consumer = worker_consumer(settings)
-    assert consumer._check_crcs is check
+    try:
+        assert consumer._check_crcs is check
+    finally:
+        await consumer.stop()  # never started: only its client is closed (no ResourceWarning)
 
 
 def test_the_worker_does_not_check_crcs_by_default(tmp_path: Path) -> None:
