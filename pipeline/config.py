@@ -54,7 +54,7 @@ class WorkerSettings:
     linger_ms: int = 5  # the transactional producers' linger
     fetch_max_bytes: int = 16 * MIB  # the worker consumer's fetch size, all partitions
     max_partition_fetch_bytes: int = 4 * MIB  # ... and per partition
-    # check each fetched batch's CRC in the consumer (about 3% of the worker's CPU under load,
+    # check each fetched batch's CRC in the consumer (about 4% of the worker's CPU under load,
     # docs/benchmarks.md); the broker checks it on produce. Off as in librdkafka (check.crcs).
     check_crcs: bool = False
     restore_fetch_bytes: int = 32 * MIB  # the restore consumer's fetch size
@@ -203,7 +203,7 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker(
         "check_crcs",
         "check every fetched batch's CRC32C in the worker (the broker checks it on produce; "
-        "about 3% of the worker's CPU under load)",
+        "about 4% of the worker's CPU under load)",
     ),
     _worker("restore_fetch_bytes", "the restore consumer's fetch size"),
     _worker("store_lock_wait", "seconds to wait for a previous owner's RocksDB lock"),
