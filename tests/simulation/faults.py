@@ -1,0 +1,165 @@
+"""The faults a seed injects, drawn from it, and the store that fails on demand.
+
+Each fault has a virtual time and a target; :mod:`tests.simulation.world` carries it out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from random import Random
+from typing import Any
+
+from pipeline.state.store import PartitionStore
+from tests.simulation.loop import CURRENT
+
+KINDS = (
+    "crash",  # SIGKILL at an arbitrary await point; restarted on the same disk
+    "pause",  # SIGSTOP past the session timeout (a zombie), then SIGCONT
+    "leave",  # SIGTERM (a rolling restart, or scaling in), started again later
+    "join",  # one more worker (scaling out)
+    "outage",  # the broker is down (sometimes longer than a transaction may stay open)
+    "fence",  # another producer takes a partition's transactional id
+    "producer-fatal",  # the broker answers a transaction request with an error that kills the sender
+    "commit-refused",  # the broker refuses a transaction's offsets or its commit
+    "disk",  # the next reads or writes of a worker's stores fail
+    "foreign-store",  # a worker restarts on a store that belongs to another cluster
+    "refuse-outputs",  # a topic's limits change under the workers (timestamps, sizes)
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str
+    target: int = 0  # a worker slot, or a partition
+    duration: float = 0.0
+    steps: int = 0  # crash: callbacks of the process still run after ``at``
+    detail: str = ""
+
+    def describe(self) -> str:
+        extra = []
+        if self.duration:
+            extra.append(f"for {self.duration:.1f}s")
+        if self.steps:
+            extra.append(f"after {self.steps} more steps")
+        if self.detail:
+            extra.append(self.detail)
+        return f"t={self.at:.2f} {self.kind} #{self.target} {' '.join(extra)}".rstrip()
+
+
+def draw(rng: Random, *, window: float, workers: int, partitions: int, session_s: float) -> list[Fault]:
+    """A fault schedule within ``window`` seconds."""
+    faults: list[Fault] = []
+    count = rng.choice((0, 1, 2, 3, 4, 6))
+    for _ in range(count):
+        kind = rng.choice(KINDS)
+        at = rng.uniform(0.5, window)
+        worker = rng.randrange(workers)
+        if kind == "crash":
+            faults.append(Fault(at, kind, worker, rng.uniform(0.2, 8.0), steps=rng.randint(0, 400)))
+        elif kind == "pause":
+            faults.append(Fault(at, kind, worker, rng.uniform(0.3, 3.0) * session_s))
+        elif kind == "leave":
+            faults.append(Fault(at, kind, worker, rng.uniform(0.5, 10.0)))
+        elif kind == "join":
+            faults.append(Fault(at, kind, workers, rng.uniform(5.0, 30.0)))
+        elif kind == "outage":
+            long = rng.random() < 0.3
+            faults.append(Fault(at, kind, 0, rng.uniform(61.0, 95.0) if long else rng.uniform(0.5, 15.0)))
+        elif kind == "fence":
+            faults.append(Fault(at, kind, rng.randrange(partitions)))
+        elif kind == "producer-fatal":
+            faults.append(
+                Fault(at, kind, rng.randrange(partitions), detail=rng.choice(("add-partitions", "end-txn")))
+            )
+        elif kind == "commit-refused":
+            faults.append(
+                Fault(at, kind, rng.randrange(partitions), detail=rng.choice(("offsets", "end-txn-retry")))
+            )
+        elif kind == "disk":
+            faults.append(
+                Fault(
+                    at,
+                    kind,
+                    worker,
+                    detail=rng.choice(("get_many", "write", "expire")),
+                    steps=rng.randint(1, 3),
+                )
+            )
+        elif kind == "foreign-store":
+            faults.append(
+                Fault(at, kind, worker, rng.uniform(0.2, 3.0), detail=rng.choice(("cluster", "ahead")))
+            )
+        elif kind == "refuse-outputs":
+            faults.append(Fault(at, kind, 0, detail=rng.choice(("timestamps", "size"))))
+    faults.sort(key=lambda f: f.at)
+    return faults
+
+
+class DiskFaults:
+    """Which store calls fail next, per worker slot."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, str], int] = defaultdict(int)  # (slot, method) -> calls to fail
+
+    def arm(self, slot: str, method: str, count: int) -> None:
+        self.pending[(slot, method)] += count
+
+    def take(self, slot: str, method: str) -> bool:
+        key = (slot, method)
+        if self.pending.get(key, 0) > 0:
+            self.pending[key] -= 1
+            return True
+        return False
+
+
+class _FailingFamily:
+    """A column family (or the database) whose reads or writes fail on demand, as RocksDB's do."""
+
+    def __init__(self, inner: Any, store: SimStore) -> None:
+        self._inner = inner
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self._store.maybe_fail("get_many")
+        return self._inner.get(*args, **kwargs)
+
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        self._store.maybe_fail("write")
+        return self._inner.write(*args, **kwargs)
+
+    def drop_column_family(self, *args: Any, **kwargs: Any) -> Any:
+        self._store.maybe_fail("expire")
+        return self._inner.drop_column_family(*args, **kwargs)
+
+    def create_column_family(self, *args: Any, **kwargs: Any) -> Any:
+        return _FailingFamily(self._inner.create_column_family(*args, **kwargs), self._store)
+
+
+class SimStore(PartitionStore):
+    """A real RocksDB store that a simulated process owns: closed when that process dies (the OS
+    releases its lock), and failing on demand where RocksDB would (its database and column
+    families raise as rocksdict does, so the store's own error handling runs)."""
+
+    faults: DiskFaults | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        process = CURRENT.get()
+        self.slot = process.name.split(".")[0] if process is not None else "?"
+        if process is not None:
+            process.on_crash.append(self._died)
+        self._db = _FailingFamily(self._db, self)  # type: ignore[assignment]
+        self._buckets = {b: _FailingFamily(f, self) for b, f in self._buckets.items()}  # type: ignore[misc]
+
+    def _died(self) -> None:
+        if not self.closed:
+            self.close()
+
+    def maybe_fail(self, method: str) -> None:
+        if self.faults is not None and self.faults.take(self.slot, method):
+            raise Exception(f"IO error: simulated disk fault in {method}")

@@ -1,0 +1,126 @@
+"""Run simulation seeds: ``python -m tests.simulation.run --seeds 1000 [--jobs 2] [--first 0]``.
+
+One seed (``--seed N``) prints its scenario and verdict, and its trace with ``--trace``.
+Many seeds print a line per failure and, at the end, how many failed and the seeds
+per second. Runs are reproducible only under one hash seed: the runner starts its
+workers with ``PYTHONHASHSEED=0`` (and re-executes itself with it when it is unset).
+Exit status: 0 when every seed passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable
+
+HASH_SEED = "0"
+
+
+def _ensure_hash_seed() -> None:
+    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        env = dict(os.environ, PYTHONHASHSEED=HASH_SEED)
+        os.execve(sys.executable, [sys.executable, "-m", "tests.simulation.run", *sys.argv[1:]], env)
+
+
+def _quiet() -> None:
+    import logging  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    warnings.simplefilter("ignore")
+    logging.getLogger().handlers.clear()
+
+
+def _init() -> None:
+    from tests.native_source import load_sources_if_asked  # noqa: PLC0415
+
+    load_sources_if_asked()
+    _quiet()
+
+
+def _one(seed: int) -> tuple[int, bool, str, float, int]:
+    from tests.simulation.world import run_seed  # noqa: PLC0415
+
+    result = run_seed(seed)
+    return (
+        seed,
+        result.ok,
+        result.report(trace_lines=80) if not result.ok else "",
+        result.virtual_s,
+        result.steps,
+    )
+
+
+def run_many(seeds: Iterable[int], jobs: int, *, stop_after: int | None = None) -> list[tuple[int, str]]:
+    """Run ``seeds`` on ``jobs`` processes; return (seed, report) of each failure."""
+    failures: list[tuple[int, str]] = []
+    seeds = list(seeds)
+    started = time.monotonic()
+    done = 0
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_init, max_tasks_per_child=50
+    ) as pool:
+        for seed, ok, report, _virtual, _steps in pool.map(_one, seeds, chunksize=4):
+            done += 1
+            if not ok:
+                failures.append((seed, report))
+                first = report.splitlines()
+                print(
+                    f"FAIL seed {seed}: {first[first.index('problems:') + 1].strip() if 'problems:' in first else ''}",
+                    flush=True,
+                )
+                if stop_after is not None and len(failures) >= stop_after:
+                    pool.shutdown(cancel_futures=True)
+                    break
+            if done % 100 == 0:
+                rate = done / (time.monotonic() - started)
+                print(
+                    f"... {done}/{len(seeds)} seeds, {len(failures)} failed, {rate:.2f} seeds/s", flush=True
+                )
+    elapsed = time.monotonic() - started
+    print(
+        f"{done} seeds in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.2f} seeds/s on {jobs} processes): {len(failures)} failed"
+    )
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.simulation.run", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--seed", type=int, help="run this one seed and print its verdict")
+    parser.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
+    parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
+    parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)"
+    )
+    parser.add_argument("--stop-after", type=int, help="stop after this many failures")
+    args = parser.parse_args(argv)
+    _ensure_hash_seed()
+    if args.seed is not None:
+        from tests.native_source import load_sources_if_asked  # noqa: PLC0415
+
+        load_sources_if_asked()
+        _quiet()
+        from tests.simulation.world import run_seed  # noqa: PLC0415
+
+        started = time.monotonic()
+        result = run_seed(args.seed)
+        print(result.report(trace_lines=len(result.trace) if args.trace else 200))
+        if result.ok and args.trace:
+            print("\n".join(result.trace))
+        print(f"({time.monotonic() - started:.2f}s real, counts {result.counts})")
+        return 0 if result.ok else 1
+    failures = run_many(range(args.first, args.first + args.seeds), args.jobs, stop_after=args.stop_after)
+    for _seed, report in failures[:3]:
+        print("\n" + report)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

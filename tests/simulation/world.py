@@ -1,0 +1,590 @@
+"""One seed's world: the broker model, the workers as processes, the workload, the faults, the verdict.
+
+:func:`run_seed` is the whole of it: a seed draws a :class:`Scenario` (partitions,
+workers, settings, topology, broker flavour, workload, faults); the world runs it on
+the deterministic loop until every record is handled and committed, stops the
+workers, and asks the oracle. The same seed gives the same run, trace and verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from pipeline import topology as topology_module
+from pipeline.config import WorkerSettings
+from pipeline.kafka.admin import topic_specs
+from pipeline.state.store import bucket_width
+from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import opening
+from pipeline.worker.loop import Worker
+from tests.simulation import broker as b
+from tests.simulation import faults as fault_module
+from tests.simulation import oracle, wire
+from tests.simulation.faults import DiskFaults, Fault, SimStore
+from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
+from tests.simulation.records import decode_produced, plain_batch
+from tests.simulation.workload import Workload
+from tests.simulation.workload import draw as draw_workload
+
+APP, GROUP = "sim", "sim"
+SETTLE_LIMIT_S = 900.0  # after the schedule, the longest the workers may take to catch up
+STOP_LIMIT_S = 60.0  # the longest a worker may take to stop when asked
+RESTART_BACKOFF_S = 1.0
+
+
+@dataclass
+class Scenario:
+    seed: int
+    partitions: int
+    workers: int
+    effects: bool
+    flavor: str  # "3.x": no timestamp limits; "4.x": outputs refuse records more than 1 h ahead
+    settings: dict[str, Any]
+    workload: Workload
+    faults: list[Fault]
+
+    @classmethod
+    def draw(cls, seed: int) -> Scenario:
+        rng = Random(seed)
+        partitions = rng.choice((1, 2, 3, 4))
+        workers = rng.choice((1, 2, 2, 3))
+        effects = rng.random() < 0.4
+        flavor = rng.choice(("3.x", "4.x"))
+        session_ms = rng.choice((3000, 6000, 10000))
+        settings = {
+            "session_timeout_ms": session_ms,
+            "commit_interval": rng.choice((0.05, 0.3, 1.0)),
+            "max_batch": rng.choice((2, 7, 50, 10_000)),
+            "commit_policy": rng.choice(("caught-up", "interval")),
+            "poll_records": rng.choice((3, 40, 2000)),
+            "chunk_records": rng.choice((1, 4, 250)),
+            "linger_ms": rng.choice((0, 5)),
+        }
+        workload = draw_workload(
+            Random(rng.getrandbits(64)), partitions=partitions, effects=effects, seed=seed
+        )
+        faults = fault_module.draw(
+            Random(rng.getrandbits(64)),
+            window=workload.duration + 5.0,
+            workers=workers,
+            partitions=partitions,
+            session_s=session_ms / 1000,
+        )
+        return cls(seed, partitions, workers, effects, flavor, settings, workload, faults)
+
+    def describe(self) -> str:
+        lines = [
+            f"seed {self.seed}: {self.workers} workers, broker {self.flavor}, settings {self.settings}",
+            f"workload: {self.workload.describe()}",
+            "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),
+        ]
+        return "\n".join(lines)
+
+
+def topology_text(effects: bool, partitions: int) -> str:
+    text = f"""
+[app]
+name = "{APP}"
+[topics]
+input = "{APP}.raw"
+commands = "{APP}.events"
+audit = "{APP}.deliveries"
+dlq = "{APP}.dlq"
+changelog = "{APP}-seen-changelog"
+partitions = {partitions}
+[sources.stripe]
+provider = "stripe"
+verify = "none"
+ttl = "7d"
+"""
+    if effects:
+        text += f"""
+[[routes]]
+source = "stripe"
+event = "checkout.session.completed"
+topic = "{APP}.orders"
+command = "fulfil-order"
+effect_key = "data.object.payment_intent"
+effect_ttl = "30d"
+[[routes]]
+source = "stripe"
+event = "payment_intent.succeeded"
+topic = "{APP}.orders"
+command = "fulfil-order"
+effect_key = "data.object.id"
+effect_ttl = "30d"
+"""
+    return text
+
+
+@dataclass
+class Slot:
+    """One worker 'machine': a state dir that outlives the processes run on it."""
+
+    index: int
+    state_dir: Path
+    wanted: bool = True
+    process: Process | None = None
+    worker: Worker | None = None
+    task: asyncio.Task[Any] | None = None
+    incarnations: int = 0
+    exits: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"w{self.index}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.alive
+
+
+@dataclass
+class Result:
+    seed: int
+    ok: bool
+    problems: list[str]
+    trace: list[str]
+    scenario: str
+    virtual_s: float
+    steps: int
+    counts: dict[str, int]
+
+    def report(self, *, trace_lines: int = 200) -> str:
+        head = f"seed {self.seed}: {'PASS' if self.ok else 'FAIL'} ({self.virtual_s:.0f}s virtual, {self.steps} steps)"
+        parts = [head, self.scenario]
+        if not self.ok:
+            parts.append("problems:\n  " + "\n  ".join(self.problems))
+            parts.append(f"trace (last {trace_lines} lines):\n" + "\n".join(self.trace[-trace_lines:]))
+            parts.append(
+                f"replay: pytest tests/simulation --seed {self.seed}  (or python -m tests.simulation.run --seed {self.seed} --trace)"
+            )
+        return "\n".join(parts)
+
+
+class _TraceHandler(logging.Handler):
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.INFO)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        process = CURRENT.get()
+        who = process.name if process is not None else "world"
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = str(record.msg)
+        if record.exc_info and record.levelno >= logging.ERROR:
+            import traceback  # noqa: PLC0415
+
+            lines = traceback.format_exception(*record.exc_info)
+            message += " | " + " ".join(line.strip() for line in lines[-30:])
+        self.world.note(f"{who} {record.levelname[0]} {record.name.removeprefix('pipeline.')}: {message}")
+
+
+class World:
+    def __init__(self, scenario: Scenario, root: Path) -> None:
+        self.scenario = scenario
+        self.root = root
+        self.rng = Random(scenario.seed ^ 0x5EED)
+        self.loop = SimLoop(max_time=100_000.0, max_steps=400_000)
+        self.trace: deque[str] = deque(maxlen=4000)
+        self.broker = b.Broker(self.loop, Random(self.rng.getrandbits(64)), self.note)
+        self.network = wire.Network(self.broker, Random(self.rng.getrandbits(64)))
+        self.disk = DiskFaults()
+        self.topology_path = root / "topology.toml"
+        self.topology_path.write_text(topology_text(scenario.effects, scenario.partitions))
+        self.topology = topology_module.load(self.topology_path)
+        self.slots = [Slot(i, root / f"w{i}") for i in range(scenario.workers)]
+        self.problems: list[str] = []
+        self.produced = 0
+        self.loop.before_step = self._before_step
+        self._crash_in: dict[Process, int] = {}
+
+    def note(self, line: str) -> None:
+        self.trace.append(f"{self.loop.time():9.3f} {line}")
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self) -> Result:
+        handler = _TraceHandler(self)
+        root_logger = logging.getLogger()
+        saved_level = root_logger.level
+        root_logger.addHandler(handler)
+        root_logger.setLevel(logging.INFO)
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        saved_store = opening.PartitionStore
+        opening.PartitionStore = SimStore  # type: ignore[misc]
+        SimStore.faults = self.disk
+        asyncio.set_event_loop(self.loop)
+        try:
+            with virtual_time(self.loop), wire.installed(self.network):
+                try:
+                    self.loop.run_until_complete(self._main())
+                except LivelockError as exc:
+                    self.problems.append(f"livelock: {exc}")
+                    self.problems.extend(self._diagnose())
+        finally:
+            opening.PartitionStore = saved_store  # type: ignore[misc]
+            SimStore.faults = None
+            root_logger.removeHandler(handler)
+            root_logger.setLevel(saved_level)
+            asyncio.set_event_loop(None)
+            self._release()
+        return Result(
+            seed=self.scenario.seed,
+            ok=not self.problems,
+            problems=self.problems,
+            trace=list(self.trace),
+            scenario=self.scenario.describe(),
+            virtual_s=self.loop.time(),
+            steps=self.loop.steps,
+            counts=self.counts,
+        )
+
+    def _release(self) -> None:
+        """Close what the run left open (stores of processes still alive), then drop the loop."""
+        for slot in self.slots:
+            if slot.process is not None and slot.process.alive:
+                self.loop.crash(slot.process)
+        self.loop.close()
+        self.loop.tasks.clear()
+
+    counts: dict[str, int] = {}  # noqa: RUF012
+
+    async def _main(self) -> None:
+        self.broker.start()
+        self._create_topics()
+        for slot in self.slots:
+            self._start(slot)
+        producer = self.loop.spawn(None, self._produce(), "workload")
+        injector = self.loop.spawn(None, self._inject(), "faults")
+        await producer
+        await injector
+        settled = await self._settle()
+        if not settled:
+            return
+        await self._stop_all()
+        if self.problems:
+            return
+        topics = self.topology.topics
+        verdict = oracle.check(
+            self.broker, self.scenario.workload, topics, self.topology.command_topics(), GROUP
+        )
+        self.counts = verdict.counts
+        self.problems.extend(verdict.problems)
+
+    def _create_topics(self) -> None:
+        for spec in topic_specs(self.topology):
+            config = b.TopicConfig()
+            if self.scenario.flavor == "4.x":
+                config.timestamp_after_max_ms = 3_600_000  # Kafka 4's default
+            raw = spec.configs
+            if "max.message.bytes" in raw:
+                config.max_message_bytes = int(raw["max.message.bytes"])
+            if "message.timestamp.after.max.ms" in raw:
+                config.timestamp_after_max_ms = int(raw["message.timestamp.after.max.ms"])
+            if "message.timestamp.before.max.ms" in raw:
+                config.timestamp_before_max_ms = int(raw["message.timestamp.before.max.ms"])
+            self.broker.create_topic(spec.name, spec.partitions, config)
+
+    # -- workers ----------------------------------------------------------------------------
+    def settings(self, slot: Slot) -> WorkerSettings:
+        return WorkerSettings(
+            bootstrap=f"{wire.HOST}:{wire.PORT}",
+            topology=self.topology_path,
+            state_dir=slot.state_dir,
+            group=GROUP,
+            **self.scenario.settings,
+        )
+
+    def _start(self, slot: Slot) -> None:
+        if slot.running or not slot.wanted:
+            return
+        slot.incarnations += 1
+        process = Process(f"{slot.name}.{slot.incarnations}")
+        slot.process = process
+        worker = Worker(self.settings(slot), self.topology)
+        slot.worker = worker
+        self.note(f"{process.name} starts")
+        slot.task = self.loop.spawn(process, self._incarnation(slot, process, worker), process.name)
+
+    async def _incarnation(self, slot: Slot, process: Process, worker: Worker) -> None:
+        outcome = "exit 0"
+        try:
+            await worker.start()
+            await worker.run()
+        except Exception as exc:
+            outcome = f"exit 1: {exc!r}"[:400]
+        self.note(f"{process.name} ended: {outcome}")
+        slot.exits.append(outcome)
+        if outcome != "exit 0" or slot.wanted:
+            self.problems.append(f"{process.name} exited on its own: {outcome}")
+        self.loop.crash(process)  # the process is over: whatever it left pending never runs
+        if slot.process is process:
+            slot.process = None
+            if slot.wanted:
+                self.loop.call_later(RESTART_BACKOFF_S, self._start, slot, context=_world())
+
+    def _before_step(self, process: Process) -> None:
+        left = self._crash_in.get(process)
+        if left is None:
+            return
+        if left <= 0:
+            del self._crash_in[process]
+            self._crash(process)
+        else:
+            self._crash_in[process] = left - 1
+
+    def _crash(self, process: Process) -> None:
+        if not process.alive:
+            return
+        self.note(f"{process.name} SIGKILL")
+        self.loop.crash(process)
+
+    # -- workload ---------------------------------------------------------------------------
+    async def _produce(self) -> None:
+        for delivery in self.scenario.workload.deliveries:
+            wait = delivery.at - self.loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            while self.broker.down:
+                await asyncio.sleep(0.5)
+            timestamp = int(self.loop.wall() * 1000) + delivery.timestamp_skew_ms
+            raw = plain_batch([(delivery.key, delivery.value, delivery.headers, timestamp)])
+            log = self.broker.log(self.topology.topics.input, delivery.partition)
+            if log is None:
+                raise RuntimeError("the input topic is gone")
+            [produced] = decode_produced(raw)
+            error, _ = log.append(
+                produced, self.broker.topics[self.topology.topics.input].config, self.broker.now_ms()
+            )
+            if error:
+                self.note(f"workload: {delivery.sim_id} refused by the input topic (error {error})")
+                self.scenario.workload.deliveries = [
+                    d for d in self.scenario.workload.deliveries if d.sim_id != delivery.sim_id
+                ]
+                continue
+            self.produced += 1
+
+    # -- faults -----------------------------------------------------------------------------
+    async def _inject(self) -> None:
+        pending: list[asyncio.Task[Any]] = []
+        for fault in self.scenario.faults:
+            wait = fault.at - self.loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self.note(f"FAULT {fault.describe()}")
+            pending.append(self.loop.spawn(None, self._apply(fault), f"fault-{fault.kind}"))
+        for task in pending:
+            await task
+
+    async def _apply(self, fault: Fault) -> None:
+        kind = fault.kind
+        if kind == "join":
+            slot = Slot(len(self.slots), self.root / f"w{len(self.slots)}")
+            self.slots.append(slot)
+            self._start(slot)
+            return
+        if kind == "outage":
+            self.network.outage()
+            await asyncio.sleep(fault.duration)
+            self.network.recover()
+            self.note("broker back")
+            return
+        if kind == "fence":
+            txn_id = f"{APP}-{GROUP}-{self.topology.topics.input}-{fault.target}"
+            if txn_id in self.broker.txns:
+                while self.broker.init_producer_id(txn_id, 60_000)[0] == b.CONCURRENT_TRANSACTIONS:
+                    await asyncio.sleep(0.05)
+            return
+        if kind in ("producer-fatal", "commit-refused"):
+            txn_id = f"{APP}-{GROUP}-{self.topology.topics.input}-{fault.target}"
+            self.broker.inject(kind, fault.detail, txn_id)
+            return
+        if kind == "refuse-outputs":
+            topics = self.topology.topics
+            if fault.detail == "timestamps":
+                for name in (topics.audit, topics.dlq, topics.changelog, *self.topology.command_topics()):
+                    self.broker.topics[name].config.timestamp_after_max_ms = 3_600_000
+            else:
+                self.broker.topics[topics.commands].config.max_message_bytes = 700
+            return
+        if fault.target >= len(self.slots):
+            return
+        slot = self.slots[fault.target]
+        process = slot.process
+        if kind == "disk":
+            self.disk.arm(slot.name, fault.detail, fault.steps)
+            return
+        if process is None or not process.alive:
+            return
+        if kind == "crash":
+            self._crash_in[process] = fault.steps
+            await asyncio.sleep(1.0)
+            self._crash(process)
+            await self._restart_later(slot, process, fault.duration)
+        elif kind == "pause":
+            self.loop.pause(process)
+            self.note(f"{process.name} SIGSTOP")
+            await asyncio.sleep(fault.duration)
+            self.loop.resume(process)
+            self.note(f"{process.name} SIGCONT")
+        elif kind == "leave":
+            slot.wanted = False
+            if slot.worker is not None:
+                slot.worker.stop()
+            self.note(f"{process.name} SIGTERM")
+            await asyncio.sleep(fault.duration)
+            if slot.running:  # still stopping
+                await asyncio.sleep(STOP_LIMIT_S)
+                if slot.running:
+                    self.problems.append(f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM")
+                    self._crash(process)
+            slot.wanted = True
+            self._start(slot)
+        elif kind == "foreign-store":
+            self._crash(process)
+            self._plant_foreign_store(slot, fault.detail)
+            await self._restart_later(slot, process, fault.duration)
+
+    async def _restart_later(self, slot: Slot, process: Process, delay: float) -> None:
+        if slot.process is process:
+            slot.process = None
+        await asyncio.sleep(delay)
+        if slot.wanted and not slot.running:
+            self._start(slot)
+
+    def _plant_foreign_store(self, slot: Slot, how: str) -> None:
+        """Put, where one of ``slot``'s stores lives, a store under the same names but from elsewhere:
+        another cluster's (claiming keys this workload sends) or one ahead of the changelog."""
+        topics = self.topology.topics
+        partition = self.rng.randrange(self.scenario.partitions)
+        tp = TopicPartition(topics.input, partition)
+        path = opening.store_path(slot.state_dir, self.topology, GROUP, tp)
+        shutil.rmtree(path, ignore_errors=True)
+        identity = StoreIdentity(APP, GROUP, topics.input, partition, topics.changelog)
+        bucket_ms = bucket_width(int(self.topology.max_ttl.total_seconds() * 1000))
+        store = SimStore.open(path, bucket_ms=bucket_ms, identity=identity)
+        try:
+            from pipeline.state.decision import Entry  # noqa: PLC0415
+            from pipeline.state.store import Change  # noqa: PLC0415
+
+            now = int(self.loop.wall() * 1000)
+            keys = [
+                d.event_key
+                for d in self.scenario.workload.deliveries
+                if d.partition == partition and not d.poison
+            ]
+            changes = {}
+            for key in keys[: max(1, len(keys) // 2)]:
+                entry = Entry(
+                    now, now + 7 * 86_400_000, partition, 0, 0, now, "handle", topics.commands, None, 0
+                )
+                changes[key.encode()] = Change.of(entry)
+            changelog = self.broker.log(topics.changelog, partition)
+            end = changelog.end if changelog is not None else 0
+            offset = end + 1000 if how == "ahead" else max(end - 1, 0)
+            store.write(changes, changelog_offset=offset, stream_time=now)
+        finally:
+            store.close()
+        self.note(f"planted a foreign store ({how}) for {tp.topic}-{tp.partition} in {slot.name}")
+
+    # -- the end ----------------------------------------------------------------------------
+    def _settled(self) -> bool:
+        if self.broker.down or self.produced < len(self.scenario.workload.deliveries):
+            return False
+        if any(slot.wanted and not slot.running for slot in self.slots):
+            return False
+        if any(slot.process is not None and slot.process.state is ProcessState.PAUSED for slot in self.slots):
+            return False
+        group = self.broker.group(GROUP)
+        if group.state != "stable":
+            return False
+        topics = self.topology.topics
+        consumed = [topics.input] + ([topics.effects] if self.scenario.effects else [])
+        for name in consumed:
+            for log in self.broker.topics[name].partitions:
+                if log.open_txns or not log.caught_up(group.committed.get((name, log.partition), 0)):
+                    return False
+        return all(slot.worker is None or not slot.running or slot.worker.health()[0] for slot in self.slots)
+
+    async def _settle(self) -> bool:
+        deadline = self.loop.time() + SETTLE_LIMIT_S
+        while not self._settled():
+            if self.loop.time() > deadline:
+                self.problems.append(
+                    f"not settled {SETTLE_LIMIT_S:.0f}s after the schedule (livelock or a stuck partition)"
+                )
+                self.problems.extend(self._diagnose())
+                return False
+            await asyncio.sleep(0.25)
+        self.note("settled: every record handled and committed")
+        return True
+
+    async def _stop_all(self) -> None:
+        running = [s for s in self.slots if s.running]
+        for slot in running:
+            slot.wanted = False
+            if slot.worker is not None:
+                slot.worker.stop()
+        deadline = self.loop.time() + STOP_LIMIT_S
+        while any(s.running for s in running):
+            if self.loop.time() > deadline:
+                names = [s.process.name for s in running if s.running and s.process is not None]
+                self.problems.append(f"workers did not stop within {STOP_LIMIT_S:.0f}s: {names}")
+                return
+            await asyncio.sleep(0.25)
+
+    def _diagnose(self) -> list[str]:
+        lines = []
+        group = self.broker.group(GROUP)
+        lines.append(f"group {group.state} generation {group.generation} members {sorted(group.members)}")
+        topics = self.topology.topics
+        consumed = [topics.input] + ([topics.effects] if self.scenario.effects else [])
+        for name in consumed:
+            topic = self.broker.topics.get(name)
+            if topic is None:
+                continue
+            lines.extend(
+                f"{name}-{log.partition}: committed {group.committed.get((name, log.partition), 0)}, "
+                f"lso {log.lso()}, end {log.end}, open {log.open_txns}"
+                for log in topic.partitions
+            )
+        for slot in self.slots:
+            state = slot.process.state.value if slot.process is not None else "none"
+            health = slot.worker.health()[1] if slot.worker is not None and slot.running else {}
+            lines.append(
+                f"{slot.name}: process {state}, wanted {slot.wanted}, exits {slot.exits[-3:]}, {health}"
+            )
+        lines.append(f"produced {self.produced} of {len(self.scenario.workload.deliveries)}")
+        return lines
+
+
+def _world() -> Any:
+    import contextvars  # noqa: PLC0415
+
+    return contextvars.Context()
+
+
+def run_seed(seed: int, *, keep: Path | None = None) -> Result:
+    """Run one seed in a fresh temporary directory (kept under ``keep`` if given)."""
+    scenario = Scenario.draw(seed)
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    root = Path(tempfile.mkdtemp(prefix=f"sim-{seed}-", dir=keep or base))
+    try:
+        return World(scenario, root).run()
+    finally:
+        if keep is None:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(root)
