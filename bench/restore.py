@@ -11,7 +11,7 @@ transactional confluent-kafka producer (so the log has commit markers, as the
 worker's does), then restores all partitions into fresh stores in a temporary
 directory:
 
-- ``concurrent``: ``pipeline.worker.restore.restore`` for every partition at
+- ``concurrent``: ``pipeline.state.restore.restore`` for every partition at
   once with ``asyncio.gather``, as the worker does; timed from the first
   restore's start to the last one's end; ``--repeat`` times (default 3, each
   into fresh stores), because a shared 2-core machine makes single runs noisy;
@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline.cli import tune_gc
 from pipeline.kafka import TopicSpec, ensure_topics
 from pipeline.state.decision import Entry
+from pipeline.state.restore import restore
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.worker.restore import restore
 
 DAY_MS = 86_400_000
 TTL_MS = 7 * DAY_MS  # the default topology's largest TTL
@@ -117,7 +117,7 @@ def fill(bootstrap: str, topic: str, count: int, partitions: int) -> list[dict[b
 
 
 async def old_restore(store: PartitionStore, changelog: TopicPartition, *, bootstrap: str) -> int:
-    """The restore before the fast path (git: pipeline/worker/restore.py before it), logging left out."""
+    """The restore before the fast path (git: pipeline/worker/restore.py before it moved to pipeline/state/), logging left out."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,

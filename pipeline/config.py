@@ -58,6 +58,11 @@ class WorkerSettings:
     # docs/benchmarks.md); the broker checks it on produce. Off as in librdkafka (check.crcs).
     check_crcs: bool = False
     restore_fetch_bytes: int = 32 * MIB  # the restore consumer's fetch size
+    restore_budget_bytes: int = 64 * MIB  # what all restores may fetch at once (each holds its fetch size)
+    queue_bytes: int = 16 * MIB  # a partition with this many bytes queued is paused, as with poll_records
+    # a record dated further ahead of the worker's clock is decided at this bound, and moves stream
+    # time no further (a producer with a wrong clock must not expire the seen-set)
+    max_clock_skew: float = 3600.0
     store_lock_wait: float = 30.0  # seconds to wait for a previous owner's RocksDB lock
     open_timeout: float = 120.0  # seconds a partition may keep failing to open before the worker exits
     stuck_after: float = 60.0  # seconds without progress after which /healthz reports a partition stuck
@@ -106,10 +111,18 @@ class WorkerSettings:
             problems.append(f"send bytes must be in [1 KiB, 64 MiB], got {self.send_bytes}")
         if not 0 <= self.linger_ms <= 1000:
             problems.append(f"linger must be in [0, 1000] ms, got {self.linger_ms}")
-        for name in ("fetch_max_bytes", "max_partition_fetch_bytes", "restore_fetch_bytes"):
+        for name in (
+            "fetch_max_bytes",
+            "max_partition_fetch_bytes",
+            "restore_fetch_bytes",
+            "restore_budget_bytes",
+            "queue_bytes",
+        ):
             value = getattr(self, name)
             if not 64 * 1024 <= value <= 1024 * MIB:
                 problems.append(f"{name.replace('_', ' ')} must be in [64 KiB, 1 GiB], got {value}")
+        if not 1 <= self.max_clock_skew <= 30 * 86_400:
+            problems.append(f"max clock skew must be in [1, 2592000] seconds, got {self.max_clock_skew}")
         for name in ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every"):
             value = getattr(self, name)
             if not 0 < value <= 86_400:
@@ -206,6 +219,13 @@ WORKER_OPTIONS: tuple[Option, ...] = (
         "about 4% of the worker's CPU under load)",
     ),
     _worker("restore_fetch_bytes", "the restore consumer's fetch size"),
+    _worker("restore_budget_bytes", "bytes all restores may fetch at once (each holds its fetch size)"),
+    _worker("queue_bytes", "a partition with this many bytes queued is paused, as with --poll-records"),
+    _worker(
+        "max_clock_skew",
+        "seconds a record may be dated ahead of this clock: a later one is decided at that bound "
+        "and moves stream time no further",
+    ),
     _worker("store_lock_wait", "seconds to wait for a previous owner's RocksDB lock"),
     _worker("open_timeout", "seconds a partition may keep failing to open before the worker exits"),
     _worker("stuck_after", "seconds without progress after which /healthz reports a partition stuck"),

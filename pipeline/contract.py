@@ -23,6 +23,9 @@ SOURCE_HEADER = "source"
 RECEIVED_AT_HEADER = "received-at"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 REROUTED_FROM_HEADER = "rerouted-from"
+#: On an output record stamped with the time it was written because its topic would have refused
+#: the input's own timestamp (too far ahead or behind): that timestamp, in ms.
+ORIGINAL_TIMESTAMP_HEADER = "original-timestamp"
 
 Headers = Sequence[tuple[str, bytes | None]]  # a consumer may hand over a header without a value
 

@@ -119,6 +119,14 @@ class StoreCorruptError(StoreError):
     reason = "store-corrupt"
 
 
+class StoreStaleError(StoreCorruptError):
+    """The store caches another changelog than the partition's (the topics were deleted and created
+    again, or the worker points at another cluster), or holds a position beyond its changelog's end:
+    it is wiped and rebuilt from the changelog."""
+
+    reason = "store-stale"
+
+
 class StoreUnusableError(StoreError):
     """The state directory cannot be used (permissions, read-only, disk full, not a directory).
 
@@ -147,7 +155,14 @@ class PartitionUnservedError(PipelineError):
     reason = "partition-unserved"
 
 
-class PartitionFencedError(PipelineError):
-    """Another producer took over this partition's transactional id; drop the partition."""
+class ProducerFencedError(PipelineError):
+    """Another producer took over this partition's transactional id (a newer owner, or the broker
+    aborted a transaction open past its timeout): drop the partition until the group assigns it again."""
 
     reason = "fenced"
+
+
+class ProducerUnusableError(PipelineError):
+    """A transactional producer cannot continue: close it and start another (which aborts its transaction)."""
+
+    reason = "producer-unusable"

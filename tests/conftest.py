@@ -158,3 +158,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "scripts/bootstrap (or test the sources with PIPELINE_PURE_PYTHON=1)",
             returncode=2,
         )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--seed N`` replays one simulation seed with its trace; ``--seeds N`` runs that many."""
+    group = parser.getgroup("simulation", "the deterministic simulation (tests/simulation)")
+    group.addoption("--seed", type=int, default=None, help="replay this simulation seed, with its trace")
+    group.addoption("--seeds", type=int, default=None, help="how many simulation seeds to run (default 500)")

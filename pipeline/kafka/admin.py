@@ -15,12 +15,14 @@ from aiokafka.errors import KafkaConnectionError
 
 from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka.alter_configs import set_topic_configs
+from pipeline.kafka.internals import cluster_ids
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
+NO_LIMIT_MS = 2**63 - 1  # Kafka's Long.MAX_VALUE: no bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,11 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     plain = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
     changelog = plain | {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
     topics = topology.topics
+    # a producer whose clock runs ahead must not be refused (Kafka 4 refuses records more than an
+    # hour ahead by default): the worker handles such records at its own bound (--max-clock-skew)
+    accept_any_time = plain | {"message.timestamp.after.max.ms": str(NO_LIMIT_MS)}
     specs = [
-        TopicSpec(topics.input, count, replication, plain),
+        TopicSpec(topics.input, count, replication, accept_any_time),
         TopicSpec(topics.audit, count, replication, plain),
         TopicSpec(topics.dlq, count, replication, plain),
         TopicSpec(topics.changelog, count, replication, changelog),
@@ -229,8 +234,40 @@ async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[s
     return configs
 
 
-async def topic_layout(bootstrap: str, topology: Topology) -> tuple[dict[str, int], dict[str, int]]:
-    """Every topic the worker reads or writes: its partition count and its largest record.
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """What the worker learns about its topics at start."""
+
+    counts: dict[str, int]  # partitions of each topic
+    limits: dict[str, int]  # the largest record each takes
+    timestamps: dict[str, tuple[int, int]]  # (before, after) ms each accepts, for the topics that bound them
+    cluster: str  # the cluster's id
+    topic_ids: dict[str, str]  # each topic's id: a topic deleted and created again has another
+
+
+def timestamp_bounds(configs: dict[str, str]) -> tuple[int, int] | None:
+    """The (before, after) ms around the broker's clock a topic accepts, or None when it takes any time.
+
+    ``message.timestamp.before.max.ms`` and ``after.max.ms`` (Kafka 3.6 and later; Kafka 4's
+    default after is one hour), else the older ``message.timestamp.difference.max.ms`` both
+    ways; a topic stamped with the log append time accepts anything.
+    """
+    if configs.get("message.timestamp.type") == "LogAppendTime":
+        return None
+
+    def bound(key: str) -> int:
+        raw = configs.get(key) or configs.get("message.timestamp.difference.max.ms") or ""
+        return int(raw) if raw.isdigit() else NO_LIMIT_MS
+
+    before, after = bound("message.timestamp.before.max.ms"), bound("message.timestamp.after.max.ms")
+    if before >= NO_LIMIT_MS and after >= NO_LIMIT_MS:
+        return None
+    return before, after
+
+
+async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 10.0) -> TopicLayout:
+    """Every topic the worker reads or writes: its partition count, largest record and timestamp
+    bounds, with the cluster id and the topic ids, over one admin connection.
 
     Raises :class:`ConfigError` when a topic is missing or a changelog's
     partition count differs from its source topic's.
@@ -241,22 +278,29 @@ async def topic_layout(bootstrap: str, topology: Topology) -> tuple[dict[str, in
     if topology.has_effects:
         names += [topics.effects, topics.effects_changelog]
         stages.append((topics.effects, topics.effects_changelog))
-    counts = {}
-    for name in names:
-        count = await partition_count(bootstrap, name)
-        if count is None:
-            raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
-        counts[name] = count
-    for source, changelog in stages:
-        if counts[changelog] != counts[source]:
-            raise ConfigError(
-                f"changelog {changelog} has {counts[changelog]} partitions but {source} "
-                f"has {counts[source]}: they must match"
-            )
-    configs = await describe_topic_configs(bootstrap, names)
+    async with admin_client(bootstrap, timeout=timeout) as admin:
+        described = {t["topic"]: _served_partitions(t) for t in await admin.describe_topics(names)}
+        counts = {}
+        for name in names:
+            count = described.get(name)
+            if count is None:
+                raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
+            counts[name] = count
+        for source, changelog in stages:
+            if counts[changelog] != counts[source]:
+                raise ConfigError(
+                    f"changelog {changelog} has {counts[changelog]} partitions but {source} "
+                    f"has {counts[source]}: they must match"
+                )
+        configs = await _read_configs(admin, names)
+        ids = await cluster_ids(admin, names)
     limits = {}
+    bounds = {}
     for name in names:
         raw = configs.get(name, {}).get("max.message.bytes")
         limit = int(raw) if raw and raw.isdigit() else MAX_MESSAGE_BYTES
         limits[name] = min(limit, MAX_MESSAGE_BYTES)  # the producers' own request limit
-    return counts, limits
+        found = timestamp_bounds(configs.get(name, {}))
+        if found is not None:
+            bounds[name] = found
+    return TopicLayout(counts, limits, bounds, ids.cluster, ids.topics)

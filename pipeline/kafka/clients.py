@@ -6,10 +6,10 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from aiokafka.producer import sender as aiokafka_sender
 
 from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError
+from pipeline.kafka import internals
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 
 #: How long aiokafka waits before it asks again to add a partition to a transaction while the
@@ -17,14 +17,6 @@ from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 #: 20 ms is the largest part of a commit's tail when partitions commit as soon as they are caught
 #: up; the markers of a local commit take a few ms.
 CONCURRENT_TXN_RETRY_S = 0.005
-
-
-def _shorten_concurrent_transactions_wait() -> None:
-    """Set aiokafka's module-level wait (``aiokafka.producer.sender.BACKOFF_OVERRIDE``; no setting has it).
-
-    aiokafka is pinned below 0.15; ``tests/unit/test_kafka.py`` fails if the constant goes away.
-    """
-    aiokafka_sender.BACKOFF_OVERRIDE = CONCURRENT_TXN_RETRY_S
 
 
 def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
@@ -48,7 +40,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
 
 def transactional_producer(settings: WorkerSettings, transactional_id: str) -> AIOKafkaProducer:
     """One partition's producer; starting it fences any older producer with the same id."""
-    _shorten_concurrent_transactions_wait()
+    internals.shorten_concurrent_transactions_wait(CONCURRENT_TXN_RETRY_S)
     return AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap,
         transactional_id=transactional_id,

@@ -197,15 +197,23 @@ class PartitionStore:
 
         A key found in more than one bucket (``write_raw`` leaves an older
         copy behind) resolves to the copy with the largest ``expires_at``.
+        A failed read raises :class:`StoreError` (:class:`StoreCorruptError` for an
+        entry that cannot be decoded: the store is then rebuilt from its changelog).
         """
         found: dict[bytes, Entry] = {}
         if not keys:
             return found
         for bucket in sorted(self._buckets, reverse=True):
-            values: list[bytes | None] = self._buckets[bucket].get(keys)  # type: ignore[arg-type,assignment]
+            try:
+                values: list[bytes | None] = self._buckets[bucket].get(keys)  # type: ignore[arg-type,assignment]
+            except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
+                raise classify_write_failure(self.path, exc, f"reading bucket b{bucket}") from exc
             for key, value in zip(keys, values, strict=True):
                 if value is not None:
-                    entry = Entry.decode(value)
+                    try:
+                        entry = Entry.decode(value)
+                    except ValueError as exc:
+                        raise StoreCorruptError(f"store {self.path}: an entry cannot be read: {exc}") from exc
                     current = found.get(key)
                     if current is None or entry.expires_at > current.expires_at:
                         found[key] = entry

@@ -21,6 +21,7 @@ from pipeline.errors import (
     StoreError,
     StoreIdentityError,
     StoreLockedError,
+    StoreStaleError,
     StoreUnusableError,
 )
 
@@ -41,13 +42,22 @@ _CORRUPT = ("corruption", "no such file or directory", "bad magic", "checksum mi
 
 
 class StoreIdentity(NamedTuple):
-    """Whose store it is: app, consumer group, input topic and partition, and the changelog topic."""
+    """Whose store it is: app, consumer group, input topic and partition, and the changelog topic, by
+    name; and where that changelog lives, by id: the cluster and the changelog topic's own id (a topic
+    deleted and created again under its name, or another cluster, has others).
+
+    The names say which store this is: a store under another name is someone else's and is never
+    used. The ids say which changelog it caches: a store of another changelog is stale, and is wiped
+    and rebuilt (a store written before ids were kept has none, and is rebuilt once).
+    """
 
     app: str
     group: str
     topic: str
     partition: int
     changelog: str  # the changelog topic; its partition is ``partition``
+    cluster: str = ""
+    changelog_id: str = ""
 
     def encode(self) -> bytes:
         """The JSON kept in the store's ``meta`` column family."""
@@ -64,13 +74,19 @@ class StoreIdentity(NamedTuple):
                 str(raw["topic"]),
                 int(raw["partition"]),
                 str(raw["changelog"]),
+                str(raw.get("cluster") or ""),
+                str(raw.get("changelog_id") or ""),
             )
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a store identity: {exc}") from exc
+
+    def names(self) -> tuple[str, str, str, int, str]:
+        """Which store this is (app, group, topic, partition, changelog)."""
+        return self.app, self.group, self.topic, self.partition, self.changelog
 
     def describe(self) -> str:
         """One line naming every field."""
-        return " ".join(f"{name}={value}" for name, value in self._asdict().items())
+        return " ".join(f"{name}={value or '?'}" for name, value in self._asdict().items())
 
 
 def classify_open_failure(path: Path, exc: BaseException) -> StoreError:
@@ -154,8 +170,14 @@ def check_meta(
             write_meta(db, {IDENTITY: identity.encode()})
         else:
             stored = StoreIdentity.decode(raw_identity)
-            if stored != identity:
+            if stored.names() != identity.names():
                 raise StoreIdentityError(
                     f"store {path} belongs to {stored.describe()}, not to {identity.describe()}; refusing to use it"
+                )
+            if (stored.cluster, stored.changelog_id) != (identity.cluster, identity.changelog_id):
+                raise StoreStaleError(
+                    f"store {path} caches changelog {stored.changelog} of cluster {stored.cluster or '?'} "
+                    f"(topic id {stored.changelog_id or '?'}), not the one of cluster {identity.cluster or '?'} "
+                    f"(topic id {identity.changelog_id or '?'})"
                 )
     return int(stored_width)

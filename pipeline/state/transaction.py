@@ -7,7 +7,8 @@ For a batch of records from one partition:
 2. :meth:`PartitionTransaction.stage` remembers a key's new state and appends
    its changelog record; commands, audit, DLQ records and reroutes are
    appended with :meth:`PartitionTransaction.emit`, each checked against its
-   topic's size limit first;
+   topic's size limit first, and stamped with the current time instead of its
+   own when its topic would refuse its timestamp;
 3. :meth:`PartitionTransaction.commit`: flush → the consumer offset into the
    transaction → commit → one RocksDB ``WriteBatch`` (entries, changelog
    offset, stream time) → expiry of whole buckets.
@@ -16,6 +17,17 @@ A crash before the Kafka commit aborts everything (the broker aborts the
 transaction when the next producer with this transactional id starts). A
 crash, or a store error, after it is repaired by replaying the changelog from
 the store's offset, which never runs ahead of what the store holds.
+
+What can go wrong, and what each call raises then (the transaction is over,
+aborted or committed, whenever one of them raises):
+
+- :class:`~pipeline.errors.ProducerFencedError` and
+  :class:`~pipeline.errors.ProducerUnusableError`, from the producer: the
+  partition stops using it;
+- :class:`TransactionFailedError`: the broker refused the transaction, which
+  was aborted: redo the batch;
+- :class:`~pipeline.errors.StoreError`: the store write after a successful
+  Kafka commit failed: the store is behind its changelog until a restore.
 """
 
 from __future__ import annotations
@@ -23,14 +35,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
+from pipeline.contract import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.dead_letter import RECORD_OVERHEAD, record_size
-from pipeline.errors import PartitionFencedError, PipelineError, RecordTooLargeError, StoreError
+from pipeline.errors import PipelineError, RecordTooLargeError
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry, tuple_of
 from pipeline.state.store import Change, PartitionStore
 
@@ -38,7 +53,14 @@ log = logging.getLogger(__name__)
 
 Header = tuple[str, bytes | None]
 SEND_BYTES = 128 * 1024  # a batch this big is sent at the next drain instead of at the commit
+#: How far inside a topic's ``message.timestamp.before.max.ms`` a kept timestamp must be: the
+#: record reaches the broker a little after it is stamped.
+BEFORE_MARGIN_MS = 300_000
 _NO_HEADERS: list[Header] = []  # aiokafka's C batch builder takes only a list; it never changes it
+
+
+def _wall() -> float:
+    return time.time()
 
 
 class TransactionFailedError(PipelineError):
@@ -65,11 +87,13 @@ class PartitionTransaction:
         *,
         tp: TopicPartition,
         group: str,
-        producer: AIOKafkaProducer,
+        producer: TransactionalProducer,
         store: PartitionStore,
         changelog: TopicPartition,
         limits: Mapping[str, int] | None = None,
+        timestamps: Mapping[str, tuple[int, int]] | None = None,
         send_bytes: int = SEND_BYTES,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.tp = tp
         self.group = group
@@ -77,14 +101,16 @@ class PartitionTransaction:
         self.store = store
         self.changelog = changelog
         self.limits: Mapping[str, int] = limits or {}  # topic -> largest record it takes
+        self.timestamps: Mapping[str, tuple[int, int]] = timestamps or {}  # topic -> (before, after) ms
         self.send_bytes = send_bytes
+        self.wall = wall or _wall
+        self.restamp = False  # set while a record whose outputs the broker refused is redone: stamp them now
         self._staged: dict[bytes, Change] = {}
         self._batches: dict[tuple[str, int], Any] = {}
         self._full: list[tuple[tuple[str, int], Any]] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._changelog_sent: list[tuple[asyncio.Future[Any], int]] = []
         self.in_transaction = False
-        self.broken = False  # the producer cannot continue: close and reopen the partition
         self.opened_at = 0.0
         self.first_offset: int | None = None
         self.next_offset: int | None = None
@@ -93,7 +119,7 @@ class PartitionTransaction:
 
     # -- reads -----------------------------------------------------------------
     def lookup(self, keys: list[bytes]) -> dict[bytes, Entry]:
-        """Current entries of ``keys``: staged in this batch first, then the store."""
+        """Current entries of ``keys``: staged in this batch first, then the store (StoreError on a read failure)."""
         found = {key: self._staged[key].entry for key in keys if key in self._staged}
         missing = [key for key in keys if key not in found]
         if missing:
@@ -110,13 +136,7 @@ class PartitionTransaction:
         """Open the partition's transaction if none is open."""
         if self.in_transaction:
             return
-        try:
-            await self.producer.begin_transaction()
-        except ProducerFenced as exc:
-            raise PartitionFencedError(f"{self.tp}: fenced by a newer producer") from exc
-        except AssertionError as exc:  # aiokafka asserts on its state machine once its sender went fatal
-            self.broken = True
-            raise TransactionFailedError(f"{self.tp}: the producer is unusable: {exc}") from exc
+        await self.producer.begin()
         self.in_transaction = True
         self.opened_at = time.monotonic()
         self.records = 0
@@ -144,12 +164,15 @@ class PartitionTransaction:
             return record_size(key, value, headers) <= limit
         return RECORD_OVERHEAD + len(value) + (len(key) if key is not None else 0) <= limit
 
-    def consumed(self, offset: int, timestamp: int) -> None:
+    def consumed(self, offset: int) -> None:
         """Mark input ``offset`` as handled in this transaction."""
         if self.first_offset is None:
             self.first_offset = offset
         self.next_offset = offset + 1
         self.records += 1
+
+    def observe(self, timestamp: int) -> None:
+        """Move stream time to ``timestamp`` (a valid record of this partition, its time already bounded)."""
         self.stream_time = max(self.stream_time, timestamp)
 
     def emit(
@@ -165,23 +188,42 @@ class PartitionTransaction:
         """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`).
 
         Raises :class:`RecordTooLargeError` when the record exceeds ``topic``'s limit:
-        nothing is appended then, and the caller sends something smaller instead.
+        nothing is appended then, and the caller sends something smaller instead. A
+        timestamp ``topic`` would refuse is replaced by the current time, the original
+        kept in the ``original-timestamp`` header.
         """
         if not self.fits(topic, key, value, headers):
             raise RecordTooLargeError(
                 f"a record of {len(value)} bytes is larger than {topic} takes ({self.limits[topic]} bytes)"
             )
+        bounds = self.timestamps.get(topic)
+        if self.restamp or bounds is not None:
+            timestamp, headers = self._stamp(timestamp, headers, bounds)
         if headers is None:
             headers = _NO_HEADERS
         slot = (topic, partition)
         batch = self._batches.get(slot)
         if batch is None:
-            batch = self._batches[slot] = self.producer.create_batch()
+            batch = self._batches[slot] = self._new_batch(topic)
         if batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
             self._full.append((slot, batch))
-            batch = self._batches[slot] = self.producer.create_batch()
+            batch = self._batches[slot] = self._new_batch(topic)
             if batch.append(key=key, value=value, timestamp=timestamp, headers=headers) is None:
                 raise PipelineError(f"a record of {len(value)} bytes does not fit in one batch for {topic}")
+
+    def _new_batch(self, topic: str) -> Any:
+        """An empty batch for ``topic``, no larger than the topic takes (the broker refuses a larger batch whole)."""
+        return self.producer.batch(min(self.limits.get(topic, MAX_MESSAGE_BYTES), MAX_MESSAGE_BYTES))
+
+    def _stamp(
+        self, timestamp: int, headers: list[Header] | None, bounds: tuple[int, int] | None
+    ) -> tuple[int, list[Header] | None]:
+        now = int(self.wall() * 1000)
+        if not self.restamp and bounds is not None:
+            before, after = bounds
+            if now - before + BEFORE_MARGIN_MS <= timestamp <= now + after:
+                return timestamp, headers
+        return now, [*(headers or ()), (ORIGINAL_TIMESTAMP_HEADER, str(timestamp).encode())]
 
     async def drain(self) -> None:
         """Hand the full batches, and those past ``send_bytes``, to the producer (in the order they filled).
@@ -204,7 +246,7 @@ class PartitionTransaction:
         if count == 0:
             return
         batch.close()  # complete: the producer sends it at once instead of lingering for more records
-        future = await self.producer.send_batch(batch, slot[0], partition=slot[1])
+        future = await self.producer.send_batch(batch, slot[0], slot[1])
         self._futures.append(future)
         if slot == (self.changelog.topic, self.changelog.partition):
             self._changelog_sent.append((future, count))
@@ -218,7 +260,7 @@ class PartitionTransaction:
             results = await asyncio.gather(*self._futures, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
-                    raise result
+                    raise self.producer.outcome(result)
 
     def due(self, *, interval: float, max_records: int) -> bool:
         """Whether the open transaction is old or big enough to commit."""
@@ -229,34 +271,23 @@ class PartitionTransaction:
     async def commit(self) -> tuple[int, int]:
         """Commit: flush, offsets, Kafka commit, then one ``WriteBatch`` to the store, then expiry.
 
-        Returns (input records committed, keys expired). Raises
-        :class:`PartitionFencedError` when another producer took the partition
-        (drop it, never retry); :class:`TransactionFailedError` after aborting on
-        any other Kafka failure (redo the batch from ``first_offset``); and
-        :class:`StoreError` when the store write after a successful Kafka commit
-        failed (the store is behind the changelog: reopen and restore). Whatever
-        happens, the transaction is over when this returns or raises.
+        Returns (input records committed, keys expired). Raises as the module
+        docstring says; whatever happens, the transaction is over when this
+        returns or raises.
         """
         if not self.in_transaction:
             return 0, 0
-        if self.broken:
-            self._reset()
-            raise TransactionFailedError(
-                f"{self.tp}: the producer is unusable; the partition must be reopened"
-            )
         try:
-            await self._flush_with_offsets()
-            await self.producer.commit_transaction()
-        except ProducerFenced as exc:
-            self._reset()
-            raise PartitionFencedError(f"{self.tp}: fenced by a newer producer") from exc
-        except (KafkaError, IllegalOperation) as exc:
+            await self._flush()
+            if self.next_offset is not None:
+                await self.producer.send_offsets({self.tp: self.next_offset}, self.group)
+            await self.producer.commit()
+        except KafkaError as exc:
             await self.abort()
             raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}", refused=exc) from exc
-        except AssertionError as exc:  # aiokafka's state machine once its sender went fatal
-            self.broken = True  # nothing more can be sent with it: the partition is reopened
+        except BaseException:
             self._reset()
-            raise TransactionFailedError(f"{self.tp}: the producer is unusable: {exc}") from exc
+            raise
         committed = self.records
         try:
             changelog_offset = None
@@ -265,45 +296,19 @@ class PartitionTransaction:
                 changelog_offset = future.result().offset + count - 1
             self.store.write(self._staged, changelog_offset=changelog_offset, stream_time=self.stream_time)
             expired = self.store.expire()
-        except StoreError:
-            self.broken = True  # the Kafka side is committed; only a restore brings the store level
-            raise
         finally:
             self._reset()
         return committed, expired
 
-    async def _flush_with_offsets(self) -> None:
-        """Send what is staged, wait for the acknowledgements, then put the input offset into the transaction.
-
-        In this order, not at the same time: a transaction begun right after the previous
-        commit can meet that commit's markers still being written, and the group
-        coordinator then refuses the offsets with COORDINATOR_NOT_AVAILABLE, which aiokafka
-        retries only after ``retry_backoff_ms`` (100 ms). Sent after the records, the offsets
-        meet that far less often (measured: p99 of a commit 43 against 120 ms).
-        """
-        await self._flush()
-        if self.next_offset is not None:
-            await self.producer.send_offsets_to_transaction({self.tp: self.next_offset}, self.group)
-
     async def abort(self) -> None:
-        """Abort the open transaction and forget everything staged."""
+        """Abort the open transaction and forget everything staged (raises when only a new producer can)."""
         try:
-            if self.in_transaction and not self.broken:
-                await self._flush_quietly()
-                await self.producer.abort_transaction()
-        except ProducerFenced:
-            log.info("%s: abort after fencing; nothing to abort", self.tp)
-        # aiokafka asserts on the transition when its sender died (fatal state): same remedy
-        except (KafkaError, IllegalOperation, AssertionError) as exc:
-            self.broken = True
-            log.warning("%s: abort failed (%r); the producer will be replaced", self.tp, exc)
+            if self.in_transaction:
+                if self._futures:  # aiokafka refuses to abort with sends in flight
+                    await asyncio.gather(*self._futures, return_exceptions=True)
+                await self.producer.abort()
         finally:
             self._reset()
-
-    async def _flush_quietly(self) -> None:
-        """Wait for what was sent before aborting (aiokafka refuses to abort with sends in flight)."""
-        if self._futures:
-            await asyncio.gather(*self._futures, return_exceptions=True)
 
     def _reset(self) -> None:
         for batch in [*self._batches.values(), *(b for _, b in self._full)]:
@@ -314,6 +319,7 @@ class PartitionTransaction:
         self._changelog_sent.clear()
         self._staged.clear()
         self.in_transaction = False
+        self.restamp = False
         self.first_offset = None
         self.next_offset = None
         self.records = 0

@@ -6,13 +6,20 @@ events that mean the same effect (Stripe's ``checkout.session.completed`` and
 ``payment_intent.succeeded`` for one payment) meet on one partition of the
 effects topic, and only the first within the effect TTL reaches the command
 topic. The same machinery as the first stage applies: a RocksDB seen-set per
-partition, one transaction per batch with the changelog, audit and offsets.
+partition, one transaction per batch with the changelog, audit and offsets, and
+time bounded by the wall clock plus ``max_skew_ms``.
+
+A record on a partition its effect key does not hash to (the effects topic was
+given more partitions while records waited on it) is moved to the partition that
+owns the key, as the first stage moves misplaced input records: otherwise one
+effect key would be deduped on two partitions, and emitted twice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -25,6 +32,7 @@ from pipeline.topology import Topology
 from pipeline.worker.emitter import Emitter, OutputTopics
 from pipeline.worker.event_stage import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.worker.metrics import NullRecorder, Recorder
+from pipeline.worker.poison import RESTAMP
 from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
@@ -44,7 +52,12 @@ class EffectStage:
         outputs: OutputTopics,
         recorder: Recorder | None = None,
         chunk_records: int = 250,
+        max_skew_ms: int = 3_600_000,
+        wall: Callable[[], float] | None = None,
     ) -> None:
+        self.max_skew_ms = max_skew_ms
+        self.wall = wall or _wall
+        self._horizon = 0
         self.tp = tp
         self.name = f"{tp.topic}-{tp.partition}"
         self.topology = topology
@@ -63,20 +76,26 @@ class EffectStage:
 
     def _chunk(self, records: Sequence[Any]) -> None:
         txn = self.txn
+        self._horizon = int(self.wall() * 1000) + self.max_skew_ms
         deliveries = Delivery.from_records(records)
         keys = [d.key for d in deliveries if d.key]
         known = txn.lookup(list(dict.fromkeys(k for k in keys if k is not None)))
+        poison = self._poison
         for delivery in deliveries:
+            marked = poison.get(delivery.offset) if poison else None
+            txn.restamp = marked is not None and marked.reason == RESTAMP
             try:
                 self._one(delivery, known)
             except Exception as exc:
                 raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
-            txn.consumed(delivery.offset, delivery.timestamp)
+            finally:
+                txn.restamp = False
+            txn.consumed(delivery.offset)
 
     def _problem(self, delivery: Delivery, command: Mapping[str, Any] | None) -> tuple[str, str] | None:
         """Why an effects-topic record cannot be handled, as (reason, error), or ``None``."""
         poison = self._poison.get(delivery.offset)
-        if poison is not None:
+        if poison is not None and poison.reason != RESTAMP:
             return poison.reason, poison.error
         problem = delivery.problem
         if problem is not None:
@@ -113,11 +132,18 @@ class EffectStage:
             self.recorder.outcome(None, f"effect-{Outcome.INVALID.value}")
             return
         key = delivery.key
+        owner = self.outputs.partition_for(delivery.topic, key)
+        if owner != delivery.partition:
+            self._reroute(delivery, effect_key or "", owner, source)
+            return
         topic = delivery.headers[COMMAND_TOPIC_HEADER]
+        timestamp = min(delivery.timestamp, self._horizon)
+        if timestamp < delivery.timestamp:
+            self.recorder.skewed()
         existing = txn.staged(key) or known.get(key)
         decision = decide(
             existing,
-            timestamp=delivery.timestamp,
+            timestamp=timestamp,
             ttl_ms=int(delivery.headers[EFFECT_TTL_HEADER]),
             sliding=False,
             partition=delivery.partition,
@@ -138,7 +164,8 @@ class EffectStage:
                 extra={"stage": "effect"},
             )
             return
-        txn.stage(key, entry, decision.previous, timestamp=delivery.timestamp)
+        txn.stage(key, entry, decision.previous, timestamp=timestamp)
+        txn.observe(timestamp)
         if first:
             self.recorder.command(topic)
             self.emit.command(topic, key, delivery.value, timestamp=delivery.timestamp)
@@ -167,6 +194,37 @@ class EffectStage:
             decision.outcome.value,
         )
         self.recorder.outcome(str(source) if source is not None else None, f"effect-{decision.outcome.value}")
+
+    def _reroute(self, delivery: Delivery, effect_key: str, partition: int, source: object) -> None:
+        """Move a record to the effects partition that owns its key (audited as ``rerouted``)."""
+        shown = str(source) if source is not None else None
+        try:
+            self.emit.reroute(delivery, key=effect_key, partition=partition)
+        except RecordTooLargeError as exc:
+            self.emit.dlq(
+                delivery, reason=exc.reason, error=f"its rerouted copy: {exc}", key=effect_key, source=shown
+            )
+            return
+        self.emit.audit(
+            delivery,
+            key=effect_key,
+            outcome=Outcome.REROUTED.value,
+            first_seen_at=None,
+            source=shown,
+            extra={"stage": "effect", "to_partition": partition},
+        )
+        log.info(
+            "%s effect_key=%s offset=%s rerouted to partition %s",
+            self.name,
+            effect_key,
+            delivery.offset,
+            partition,
+        )
+        self.recorder.outcome(shown, f"effect-{Outcome.REROUTED.value}")
+
+
+def _wall() -> float:
+    return time.time()
 
 
 def _text(value: object) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.contract import REROUTED_FROM_HEADER, Delivery, audit_value
@@ -36,11 +36,14 @@ def _bounded(key: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class OutputTopics:
-    """Where records go, each topic's partition count, and the largest record each takes."""
+    """Where records go, each topic's partition count, the largest record each takes, and the
+    timestamps each accepts: ``(before, after)`` ms around the broker's clock, for the topics that
+    set ``message.timestamp.before.max.ms`` or ``message.timestamp.after.max.ms``."""
 
     partitions: Mapping[str, int]
     partitioner: Callable[[bytes, int], int]
     limits: Mapping[str, int]
+    timestamps: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def partition_for(self, topic: str, key: bytes) -> int:
         """The partition the default (murmur2) partitioner gives ``key`` on ``topic``."""

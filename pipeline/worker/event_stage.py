@@ -2,13 +2,19 @@
 
 A command is built and checked against its topic's limit before its key is
 claimed: a key is never claimed without its command.
+
+Time: a record is decided at its own timestamp, but never later than the wall
+clock plus ``max_skew_ms``: a producer whose clock runs days ahead must not make
+its keys live for days more, nor move stream time so far that every other key
+expires. Only accepted records (valid, on their own partition) move stream time.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,7 @@ from pipeline.topology import Expiry, Route, Topology
 from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
 from pipeline.worker.emitter import Emitter, OutputTopics
 from pipeline.worker.metrics import NullRecorder, Recorder
+from pipeline.worker.poison import RESTAMP
 from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
@@ -71,6 +78,7 @@ class _Rule:
 
 
 ROUTE_CACHE_SIZE = 4096
+SKEW_LOG_EVERY_S = 60.0  # at most one line a minute about records dated too far ahead
 _FIRST, _CONFLICT = Outcome.FIRST, Outcome.CONFLICT  # compared for every record
 
 
@@ -100,10 +108,16 @@ class EventStage:
         outputs: OutputTopics,
         recorder: Recorder | None = None,
         chunk_records: int = 250,
+        max_skew_ms: int = 3_600_000,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.tp = tp
         self.name = f"{tp.topic}-{tp.partition}"
         self.topology = topology
+        self.max_skew_ms = max_skew_ms
+        self.wall = wall or _wall
+        self._horizon = 0  # the latest timestamp a record of this chunk is decided at
+        self._skew_logged_at = -SKEW_LOG_EVERY_S
         self.classifier = classifier
         self.txn = txn
         self.outputs = outputs
@@ -131,11 +145,15 @@ class EventStage:
     def _chunk(self, records: Sequence[Any]) -> None:
         txn = self.txn
         self._debug = log.isEnabledFor(logging.DEBUG)  # asked once per chunk, not per record
+        self._horizon = int(self.wall() * 1000) + self.max_skew_ms
         deliveries = Delivery.from_records(records)
         classified = [self._classify(d) for d in deliveries]
         keys = [c.key_bytes for c in classified if isinstance(c, Accepted)]
-        known = txn.lookup(list(dict.fromkeys(keys)))
+        known = txn.lookup(list(dict.fromkeys(keys)))  # StoreError: the partition is reopened
+        poison = self._poison
         for delivery, result in zip(deliveries, classified, strict=True):
+            marked = poison.get(delivery.offset) if poison else None
+            txn.restamp = marked is not None and marked.reason == RESTAMP
             try:
                 if isinstance(result, Accepted):
                     self._accepted(delivery, result, known)
@@ -145,12 +163,14 @@ class EventStage:
                     self._invalid(delivery, result)
             except Exception as exc:
                 raise HandlerFailedError(delivery.offset, repr(exc)[:500]) from exc
-            txn.consumed(delivery.offset, delivery.timestamp)
+            finally:
+                txn.restamp = False
+            txn.consumed(delivery.offset)
 
     def _classify(self, delivery: Delivery) -> Classified:
         """What ``delivery`` is; poison and out-of-range headers go to the DLQ before anything else."""
         poison = self._poison.get(delivery.offset)
-        if poison is not None:
+        if poison is not None and poison.reason != RESTAMP:
             return Invalid(poison.reason, poison.error, _text_key(delivery), delivery.source)
         problem = delivery.problem
         if problem is not None:
@@ -195,6 +215,8 @@ class EventStage:
         rule = self._rules[source]
         key_bytes = item.key_bytes
         timestamp = delivery.timestamp
+        if timestamp > self._horizon:
+            timestamp = self._skewed(delivery, item.key)
         existing = txn.staged(key_bytes) or known.get(key_bytes)
         outcome, entry, previous = decide(
             existing,
@@ -216,15 +238,16 @@ class EventStage:
                 self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source))
                 return
         txn.stage(key_bytes, entry, previous, timestamp=timestamp)
+        txn.observe(timestamp)
         if command is not None:
             out_topic, out_key, value, headers = command
             if target.effect_key is None:
                 self.emit.command(
-                    out_topic, out_key, value, timestamp=timestamp, headers=headers, hashed=placed
+                    out_topic, out_key, value, timestamp=delivery.timestamp, headers=headers, hashed=placed
                 )
                 self.recorder.command(out_topic)
             else:
-                self.emit.command(out_topic, out_key, value, timestamp=timestamp, headers=headers)
+                self.emit.command(out_topic, out_key, value, timestamp=delivery.timestamp, headers=headers)
         if outcome is _CONFLICT:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
@@ -248,6 +271,23 @@ class EventStage:
         if self._debug:
             log.debug("%s key=%s offset=%s outcome=%s", self.name, item.key, delivery.offset, outcome)
         self.recorder.outcome(source, outcome)
+
+    def _skewed(self, delivery: Delivery, key: str) -> int:
+        """The bounded time of a record dated past the skew bound: counted, and logged once a minute."""
+        self.recorder.skewed()
+        now = time.monotonic()
+        if now - self._skew_logged_at >= SKEW_LOG_EVERY_S:
+            self._skew_logged_at = now
+            log.warning(
+                "%s key=%s offset=%s is dated %ss ahead of this clock; handled at the bound of %ss "
+                "(--max-clock-skew; such records are counted in pipeline_clock_skewed_records_total)",
+                self.name,
+                key,
+                delivery.offset,
+                (delivery.timestamp - self._horizon + self.max_skew_ms) // 1000,
+                self.max_skew_ms // 1000,
+            )
+        return self._horizon
 
     def _command(
         self, delivery: Delivery, item: Accepted, target: Target
@@ -329,6 +369,10 @@ def _fingerprint(existing: Entry | None, body: bytes, item: Accepted, rule: _Rul
     """The copy's body fingerprint, of the kind ``existing`` holds (see ``fingerprint_like``)."""
     held = existing.body_hash if existing is not None else None
     return fingerprint_like(held, body, rule.volatile, rule.volatile_names, item.event)
+
+
+def _wall() -> float:
+    return time.time()
 
 
 def _text_key(delivery: Delivery) -> str | None:

@@ -3,22 +3,26 @@
 ::
 
     OPENING ──▶ RESTORING ──▶ READY ◀──▶ COMMITTING
-       │            │           │  ╲        │  ╲
-       ▼            ▼           ▼   ▼       ▼   ▼
-     BROKEN ◀───────┴───────  BROKEN FENCED ...  (BROKEN, FENCED)
-       │                         │     │
-       ▼                         ▼     ▼
-     CLOSED ◀──────────── (every state) CLOSED
+       │            │         │ │ │       │    │
+       │            │         │ ▼ ▼       ▼    ▼
+       │            │         │ BROKEN ◀──┘  FENCED ◀── (READY too)
+       ▼            ▼         ▼   │              │
+     CLOSED ◀───────┴─────────┴───┴──────────────┘
 
 - OPENING: the store is opened (with bounded retry) and the transactional
   producer started, which fences an older owner and aborts its transaction;
 - RESTORING: the changelog is replayed into the store;
 - READY: records are handled into the open transaction (or it is idle);
 - COMMITTING: a commit is in flight; records fetched meanwhile wait;
-- BROKEN: the producer cannot continue, or the store write after a Kafka
-  commit failed: the partition is closed and opened again;
-- FENCED: another producer took the transactional id: dropped, never retried;
+- BROKEN: the producer cannot continue, or the store failed: the partition is
+  closed and opened again while the group still assigns it to this worker;
+- FENCED: another producer took the transactional id: closed, and never opened
+  again until the group assigns the partition anew;
 - CLOSED: the producer is stopped and the store closed.
+
+A failure while OPENING or RESTORING closes the partition (the loop stops the
+worker when it stays unserved); a COMMITTING partition is closed only once its
+commit has ended.
 """
 
 from __future__ import annotations
@@ -44,10 +48,10 @@ class PartitionState(StrEnum):
 
 _S = PartitionState
 TRANSITIONS: Mapping[PartitionState, frozenset[PartitionState]] = {
-    _S.OPENING: frozenset({_S.RESTORING, _S.BROKEN, _S.CLOSED}),
-    _S.RESTORING: frozenset({_S.READY, _S.BROKEN, _S.CLOSED}),
+    _S.OPENING: frozenset({_S.RESTORING, _S.CLOSED}),
+    _S.RESTORING: frozenset({_S.READY, _S.CLOSED}),
     _S.READY: frozenset({_S.COMMITTING, _S.BROKEN, _S.FENCED, _S.CLOSED}),
-    _S.COMMITTING: frozenset({_S.READY, _S.BROKEN, _S.FENCED, _S.CLOSED}),
+    _S.COMMITTING: frozenset({_S.READY, _S.BROKEN, _S.FENCED}),
     _S.BROKEN: frozenset({_S.CLOSED}),
     _S.FENCED: frozenset({_S.CLOSED}),
     _S.CLOSED: frozenset(),

@@ -1,16 +1,24 @@
 """The dedupe worker: one group consumer per process feeding the partitions it owns.
 
 The loop owns the consumer (fetch, seek, pause, resume) and the group's
-callbacks; everything about one partition (store, producer, transaction,
-stage, lifecycle) belongs to its :class:`~pipeline.worker.partition.Partition`.
+callbacks, and keeps one record per owned partition (:class:`Owned`);
+everything about one partition (store, producer, transaction, stage, lifecycle)
+belongs to its :class:`~pipeline.worker.partition.Partition`.
 
 On assignment each new partition is paused and opened in the background, all
 of them concurrently (store, fencing producer, restore); once READY it is
 moved to the group's committed offset and resumed. A partition that cannot be
 opened within ``open_timeout`` stops the worker with one line and a non-zero
-exit: it never stays in the group with a partition it does not serve. On
-revocation a partition's open transaction is committed before the callback
-returns. A clean stop commits what is open; a stop after an exception aborts.
+exit: it never stays in the group with a partition it does not serve.
+
+On revocation the revoked partitions leave the table at once (an opening one
+is cancelled: no producer is started for it after that), then their open
+transactions are committed before the callback returns. Between a revocation
+and the next assignment the group is rebalancing: aiokafka still shows the old
+assignment, so nothing is opened again meanwhile. A BROKEN partition is closed
+and opened again while the group still assigns it here; a FENCED one is closed,
+and the worker rejoins the group, which assigns every partition anew. A clean
+stop commits what is open; a stop after an exception aborts.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -28,9 +37,13 @@ from aiokafka.errors import KafkaError
 from pipeline import native
 from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, PipelineError
+from pipeline.kafka import internals
 from pipeline.kafka.admin import topic_layout
 from pipeline.kafka.clients import worker_consumer
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
+from pipeline.state.directory import StoreOpener
+from pipeline.state.restore import RestoreBudget
+from pipeline.state.store import PartitionStore
 from pipeline.topology import Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
@@ -41,12 +54,24 @@ from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store
 from pipeline.worker.pacing import caught_up, poll_ms
-from pipeline.worker.partition import Partition
+from pipeline.worker.partition import Partition, PartitionContext
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _Positions = dict[TopicPartition, tuple[Partition, int]]  # each partition and its generation
+COMMITTED_RETRY_S = 1.0  # between attempts to read a partition's committed offset
+
+
+@dataclass
+class Owned:
+    """One partition this worker owns, and what the loop runs for it."""
+
+    part: Partition
+    opening: asyncio.Task[None] | None = None
+    committing: asyncio.Task[None] | None = None
+    paused: bool = False  # by the loop, because records piled up
+    disk_measured_at: float = 0.0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -66,48 +91,62 @@ class Worker:
     """Runs the dedupe loop until :meth:`stop` (or SIGTERM through the CLI)."""
 
     def __init__(
-        self, settings: WorkerSettings, topology: Topology, *, metrics: WorkerMetrics | None = None
+        self,
+        settings: WorkerSettings,
+        topology: Topology,
+        *,
+        metrics: WorkerMetrics | None = None,
+        open_store: StoreOpener = PartitionStore.open,
     ) -> None:
         self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
-        self._partitions: dict[TopicPartition, Partition] = {}
-        self._opening: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._paused: set[TopicPartition] = set()  # by the loop, because records piled up
-        self._unserved_since: dict[TopicPartition, float] = {}
+        self._open_store = open_store
+        self._owned: dict[TopicPartition, Owned] = {}
+        self._unserved_since: dict[TopicPartition, float] = {}  # assigned partitions not served yet
+        self._rebalancing = False  # between a revocation and the next assignment
         self._stopping = asyncio.Event()
         self._fetch = LoopFetch(max_records=self.settings.fetch_records, snapshot=self._positions)
         self._fatal: PipelineError | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._outputs: OutputTopics | None = None
-        self._classifier: Classifier | None = None
+        self._context: PartitionContext | None = None
         self._http: web.AppRunner | None = None
-        self._commits: dict[TopicPartition, asyncio.Task[None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
-        """Learn the topics' partition counts and size limits, join the group, serve HTTP."""
-        counts, limits = await topic_layout(self.settings.bootstrap, self.topology)
+        """Learn the topics' partition counts, limits and ids, join the group, serve HTTP."""
+        layout = await topic_layout(self.settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
-        self._outputs = OutputTopics(counts, partitioner, limits)
-        self._classifier = Classifier(
-            self.topology, partitioner, input_partitions=counts[self.topology.topics.input]
+        outputs = OutputTopics(layout.counts, partitioner, layout.limits, layout.timestamps)
+        classifier = Classifier(
+            self.topology, partitioner, input_partitions=layout.counts[self.topology.topics.input]
+        )
+        self._context = PartitionContext(
+            settings=self.settings,
+            topology=self.topology,
+            classifier=classifier,
+            outputs=outputs,
+            metrics=self.metrics,
+            cluster=layout.cluster,
+            topic_ids=layout.topic_ids,
+            open_store=self._open_store,
+            budget=RestoreBudget(self.settings.restore_budget_bytes),
         )
         consumer = worker_consumer(self.settings)
         try:
             await consumer.start()
         except KafkaError as exc:
-            await consumer.stop()
+            await internals.stop_consumer(consumer)
             raise BrokerUnavailableError(f"cannot reach Kafka at {self.settings.bootstrap}: {exc}") from None
         self._consumer = consumer
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if self.settings.metrics_port is not None:
-            await self._serve_http(self.settings.metrics_port, counts)
+            await self._serve_http(self.settings.metrics_port, layout.counts)
         log.info(
             "worker started: group %s, input %s (%s partitions); %s",
             self.settings.group,
             self.topology.topics.input,
-            counts[self.topology.topics.input],
+            layout.counts[self.topology.topics.input],
             native.describe(),
         )
         outdated = native.stale()
@@ -121,9 +160,9 @@ class Worker:
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
         app = worker_http.build_app(
             lambda: {
-                (tp.topic, tp.partition): part.store
-                for tp, part in self._partitions.items()
-                if part.serving and part.store is not None
+                (tp.topic, tp.partition): owned.part.store
+                for tp, owned in self._owned.items()
+                if owned.part.serving and owned.part.store is not None
             },
             lambda topic, key: owner_partition(key, counts[topic]),
             [source for source, _ in self._stages()],
@@ -151,7 +190,8 @@ class Worker:
         consumer = self._consumer
         if consumer is None:
             return False, {"status": "stopped"}
-        return partition_health(consumer.assignment(), self._partitions, failed=self._fatal is not None)
+        parts = {tp: owned.part for tp, owned in self._owned.items()}
+        return partition_health(consumer.assignment(), parts, failed=self._fatal is not None)
 
     async def run(self) -> None:
         """Consume, decide and commit until stopped; commit what is open (abort after a failure)."""
@@ -168,105 +208,120 @@ class Worker:
 
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """One fetch, the records fed to their partitions, handled, and the due commits started."""
-        wait = poll_ms(self._partitions, commit_interval=self.settings.commit_interval)
+        parts = [owned.part for owned in self._owned.values()]
+        wait = poll_ms(parts, commit_interval=self.settings.commit_interval)
         hurry = self._stopping.is_set() or self._fatal is not None
         batches, before = await self._fetch.next(consumer, wait, hurry=hurry)
         for tp, records in batches.items():
-            part = self._partitions.get(tp)
-            if part is None or not part.serving:
+            owned = self._owned.get(tp)
+            if owned is None or not owned.part.serving:
                 continue  # not ours, or not positioned yet: fetched again after its seek
+            part = owned.part
             if before.get(tp) != (part, part.generation):
                 # a failed commit moved this partition back while we fetched: what came is stale
                 # (or already from the new position, so move there once more)
                 self._seek(tp, part.rewound_to)
                 continue
             part.feed(records)
-            self._backpressure(part)
-        for part in list(self._partitions.values()):
-            if part.queue and part.state is PartitionState.READY:
-                await part.work()
-                self._backpressure(part)
-                observe_lag(self.metrics, consumer, part)
+            self._backpressure(owned)
+        for owned in list(self._owned.values()):
+            if owned.part.can_work:
+                await owned.part.work()
+                self._backpressure(owned)
+                observe_lag(self.metrics, consumer, owned.part)
         if self.settings.commit_policy == "caught-up":
-            for tp, part in self._partitions.items():
-                part.caught_up = caught_up(consumer, part, fetched=tp in batches)
+            for tp, owned in self._owned.items():
+                owned.part.set_caught_up(caught_up(consumer, owned.part, fetched=tp in batches))
         self._commit_due()
         await self._reap()
         self._watch()
+        await asyncio.sleep(0)  # a fetch with nothing to wait for returns at once: let the commits run
 
     def _positions(self) -> _Positions:
         """Each partition and its generation, as a fetch begins (records of an older one are stale)."""
-        return {tp: (part, part.generation) for tp, part in self._partitions.items()}
+        return {tp: (owned.part, owned.part.generation) for tp, owned in self._owned.items()}
 
-    def _backpressure(self, part: Partition) -> None:
-        """Pause a partition whose queue reached ``fetch_records``; resume it once the queue drains."""
+    def _backpressure(self, owned: Owned) -> None:
+        """Pause a partition whose queue reached ``fetch_records`` or ``queue_bytes``; resume it once it drains."""
         consumer = self._require(self._consumer)
+        part = owned.part
         tp = part.tp
         if tp not in consumer.assignment():
             return
-        limit = self.settings.fetch_records
-        if len(part.queue) >= limit and tp not in self._paused:
+        full = (
+            len(part.queue) >= self.settings.fetch_records or part.queued_bytes >= self.settings.queue_bytes
+        )
+        if full and not owned.paused:
             consumer.pause(tp)
-            self._paused.add(tp)
-        elif len(part.queue) < limit and tp in self._paused:
-            self._paused.discard(tp)
+            owned.paused = True
+        elif not full and owned.paused:
+            owned.paused = False
             consumer.resume(tp)
 
     def _seek(self, tp: TopicPartition, offset: int) -> None:
         """Move ``tp``'s fetch position (after an abort); a partition no longer assigned is left alone."""
         consumer = self._require(self._consumer)
-        part = self._partitions.get(tp)
-        if part is not None:
-            part.rewound_to = offset
         if tp in consumer.assignment():
             consumer.seek(tp, offset)
 
     def _commit_due(self) -> None:
         """Commit each due partition in the background; the loop goes on with the others meanwhile."""
-        for tp, part in self._partitions.items():
-            if tp in self._commits or not part.due():
-                continue
-            self._commits[tp] = asyncio.create_task(self._commit(part))
+        for owned in self._owned.values():
+            if owned.committing is None and owned.part.due():
+                owned.committing = asyncio.create_task(self._commit(owned))
 
-    async def _commit(self, part: Partition) -> None:
+    async def _commit(self, owned: Owned) -> None:
         """A background commit; what it cannot recover from stops the worker instead of a stuck partition."""
+        part = owned.part
         try:
             await part.commit()
             if part.serving and part.store is not None:
-                observe_store(self.metrics, part)
-            self._backpressure(part)
+                owned.disk_measured_at = observe_store(self.metrics, part, owned.disk_measured_at)
+            if self._owned.get(part.tp) is owned:
+                self._backpressure(owned)
         except PipelineError as exc:
             self._fail(exc)
         finally:
-            if self._commits.get(part.tp) is asyncio.current_task():
-                del self._commits[part.tp]
+            if owned.committing is asyncio.current_task():
+                owned.committing = None
             self._fetch.wake()  # records held for this commit are handled now, not at the next fetch
 
     async def _reap(self) -> None:
-        """Close BROKEN and FENCED partitions; open a BROKEN one again while it is still assigned."""
+        """Close BROKEN and FENCED partitions; open a BROKEN one again while the group still assigns it here."""
         consumer = self._require(self._consumer)
-        for tp, part in list(self._partitions.items()):
-            if part.state not in (PartitionState.BROKEN, PartitionState.FENCED):
+        for tp, owned in list(self._owned.items()):
+            state = owned.part.state
+            if state not in (PartitionState.BROKEN, PartitionState.FENCED):
                 continue
-            fenced = part.state is PartitionState.FENCED
             if tp in consumer.assignment():
                 consumer.pause(tp)
-            await self._close(tp, commit=False)
-            if not fenced and tp in consumer.assignment():
-                log.warning("%s: reopening", part.name)
+            del self._owned[tp]
+            await self._close(owned, commit=False)
+            if state is PartitionState.FENCED:
+                log.warning(
+                    "%s: fenced; rejoining the group, which assigns every partition anew", owned.part.name
+                )
+                internals.request_rejoin(consumer)
+            elif self._assigned(tp) and tp not in self._owned:
+                log.warning("%s: reopening", owned.part.name)
                 self._begin_open(tp)
+
+    def _assigned(self, tp: TopicPartition) -> bool:
+        """Whether ``tp`` is this worker's now: assigned, and no rebalance under way."""
+        return not self._rebalancing and tp in self._require(self._consumer).assignment()
 
     def _watch(self) -> None:
         """Stop the worker when an assigned partition stays unserved past ``open_timeout``."""
         consumer = self._require(self._consumer)
         now = time.monotonic()
-        assigned = consumer.assignment()
+        assigned = consumer.assignment() if not self._rebalancing else set()
         for tp in list(self._unserved_since):
-            if tp not in assigned or (tp in self._partitions and self._partitions[tp].serving):
+            owned = self._owned.get(tp)
+            if tp not in assigned or (owned is not None and owned.part.serving):
                 del self._unserved_since[tp]
         for tp in assigned:
-            part = self._partitions.get(tp)
-            if part is not None and (part.serving or tp in self._opening):
+            owned = self._owned.get(tp)
+            if owned is not None and (owned.part.serving or owned.opening is not None):
                 continue
             since = self._unserved_since.setdefault(tp, now)
             if now - since > self.settings.open_timeout:
@@ -279,12 +334,16 @@ class Worker:
         consumer = self._consumer
         if consumer is None:
             return
-        for task in list(self._opening.values()):
-            task.cancel()
+        owned = list(self._owned.values())
+        self._owned.clear()
+        for entry in owned:
+            if entry.opening is not None:
+                entry.opening.cancel()
         await self._fetch.close()
-        await asyncio.gather(*self._opening.values(), *self._commits.values(), return_exceptions=True)
-        await self._close_all(set(self._partitions), commit=commit)
-        await consumer.stop()
+        tasks = [t for entry in owned for t in (entry.opening, entry.committing) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(self._close(entry, commit=commit) for entry in owned))
+        await internals.stop_consumer(consumer)
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
@@ -293,18 +352,25 @@ class Worker:
 
     # -- rebalances ----------------------------------------------------------------
     async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Commit each revoked partition's open transaction, then release its producer and store."""
+        """Take the revoked partitions out of the table at once, then commit what they hold and release them."""
+        self._rebalancing = True
+        gone = [
+            self._owned.pop(tp)
+            for tp in sorted(revoked, key=lambda t: (t.topic, t.partition))
+            if tp in self._owned
+        ]
         if revoked:
             log.info("partitions revoked: %s", sorted(f"{tp.topic}-{tp.partition}" for tp in revoked))
         for tp in revoked:
-            task = self._opening.pop(tp, None)
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, PipelineError):
-                    await task
-            self._paused.discard(tp)
             self._unserved_since.pop(tp, None)
-        await self._close_all(revoked, commit=True)
+        for owned in gone:
+            if owned.opening is not None:
+                owned.opening.cancel()
+        for owned in gone:
+            if owned.opening is not None:
+                with contextlib.suppress(asyncio.CancelledError, PipelineError):
+                    await owned.opening
+        await asyncio.gather(*(self._close(owned, commit=True) for owned in gone))
 
     async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         """Pause each new partition and open them all concurrently, in the background.
@@ -313,8 +379,9 @@ class Worker:
         the seek to the committed offset would be handled at the wrong position,
         so the partition stays paused until it is READY and positioned.
         """
+        self._rebalancing = False
         consumer = self._require(self._consumer)
-        fresh = sorted((tp for tp in assigned if tp not in self._partitions), key=lambda t: t.partition)
+        fresh = sorted((tp for tp in assigned if tp not in self._owned), key=lambda t: (t.topic, t.partition))
         if not fresh:
             return
         log.info("partitions assigned: %s", [f"{tp.topic}-{tp.partition}" for tp in fresh])
@@ -328,47 +395,78 @@ class Worker:
         part = Partition(
             tp,
             changelog=TopicPartition(dict(self._stages())[tp.topic], tp.partition),
-            settings=self.settings,
-            topology=self.topology,
-            classifier=self._require(self._classifier),
-            outputs=self._require(self._outputs),
-            metrics=self.metrics,
+            context=self._require(self._context),
             seek=self._seek,
         )
-        self._partitions[tp] = part
-        self.metrics.partitions.set(len(self._partitions))
-        self._opening[tp] = asyncio.create_task(self._open(part))
+        owned = self._owned[tp] = Owned(part)
+        self.metrics.partitions.set(len(self._owned))
+        owned.opening = asyncio.create_task(self._open(owned))
 
-    async def _open(self, part: Partition) -> None:
-        """Open ``part``, move it to the committed offset and resume it; a failure stops the worker."""
-        consumer = self._require(self._consumer)
+    async def _open(self, owned: Owned) -> None:
+        """Open the partition, move it to the committed offset and resume it; a failure stops the worker.
+
+        ``owned.opening`` stays set until the partition is positioned, so that a revocation
+        at any await on the way cancels it: a stale opening must never move the consumer.
+        """
+        part = owned.part
         tp = part.tp
         try:
             await part.open()
-            if tp not in consumer.assignment() or self._partitions.get(tp) is not part:
-                await part.close(commit=False)
+            committed = await self._committed(owned)
+            if not self._still_ours(owned):
+                await self._drop_stale(owned)
                 return
-            committed = await consumer.committed(tp)
+            consumer = self._require(self._consumer)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+                position = await consumer.position(tp)
+                if not self._still_ours(owned):
+                    await self._drop_stale(owned)
+                    return
+            else:
+                consumer.seek(tp, committed)
+                position = committed
+            part.positioned(position)
+            owned.paused = False
+            consumer.resume(tp)
+            log.info("%s: ready at committed offset %s", part.name, committed)
         except PartitionUnservedError as exc:
-            self._fail(exc)
-            return
-        except KafkaError as exc:
-            await part.close(commit=False)
-            if tp in consumer.assignment():
-                self._fail(PartitionUnservedError(f"partition {part.name}: cannot read its offset: {exc}"))
-            return
+            if self._owned.get(tp) is owned:
+                self._fail(exc)
         finally:
-            if self._opening.get(tp) is asyncio.current_task():
-                del self._opening[tp]
-        if committed is None:
-            await consumer.seek_to_beginning(tp)
-            part.rewound_to = await consumer.position(tp)
-        else:
-            consumer.seek(tp, committed)
-            part.rewound_to = committed
-        self._paused.discard(tp)
-        consumer.resume(tp)
-        log.info("%s: ready at committed offset %s", tp, committed)
+            if owned.opening is asyncio.current_task():
+                owned.opening = None
+
+    def _still_ours(self, owned: Owned) -> bool:
+        """Whether ``owned`` is still the table's entry for its partition, which the group still assigns here."""
+        tp = owned.part.tp
+        return self._owned.get(tp) is owned and self._assigned(tp)
+
+    async def _drop_stale(self, owned: Owned) -> None:
+        """Close a partition revoked (or replaced) while it opened, and take it out of the table."""
+        tp = owned.part.tp
+        if self._owned.get(tp) is owned:
+            del self._owned[tp]
+        await self._close(owned, commit=False)
+
+    async def _committed(self, owned: Owned) -> int | None:
+        """The group's committed offset of the partition, retried until ``open_timeout`` (the broker may be away)."""
+        consumer = self._require(self._consumer)
+        part = owned.part
+        deadline = time.monotonic() + self.settings.open_timeout
+        while True:
+            try:
+                committed: int | None = await consumer.committed(part.tp)
+            except KafkaError as exc:
+                if time.monotonic() > deadline:
+                    await part.close(commit=False)
+                    raise PartitionUnservedError(
+                        f"partition {part.name}: cannot read its offset: {exc}"
+                    ) from exc
+                log.warning("%s: cannot read its committed offset yet (%r); retrying", part.name, exc)
+                await asyncio.sleep(COMMITTED_RETRY_S)
+            else:
+                return committed
 
     def _fail(self, exc: PipelineError) -> None:
         log.error("%s", exc)
@@ -376,21 +474,15 @@ class Worker:
             self._fatal = exc
         self._fetch.wake()
 
-    async def _close_all(self, tps: set[TopicPartition], *, commit: bool) -> None:
-        await asyncio.gather(*(self._close(tp, commit=commit) for tp in tps if tp in self._partitions))
-
-    async def _close(self, tp: TopicPartition, *, commit: bool) -> None:
-        part = self._partitions.pop(tp, None)
-        if part is None:
-            return
-        task = self._commits.get(tp)
+    async def _close(self, owned: Owned, *, commit: bool) -> None:
+        """Wait for the partition's commit, then close it (commit or abort what is open) and stop reporting it."""
+        task = owned.committing
         if task is not None:
             with contextlib.suppress(PipelineError, KafkaError):
                 await task
-        async with part.lock:
-            await part.close(commit=commit)
-        forget_partition(self.metrics, tp)
-        self.metrics.partitions.set(len(self._partitions))
+        await owned.part.close(commit=commit)
+        forget_partition(self.metrics, owned.part.tp)
+        self.metrics.partitions.set(len(self._owned))
 
     @staticmethod
     def _require(value: _T | None) -> _T:

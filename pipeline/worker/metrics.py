@@ -18,6 +18,7 @@ class Recorder(Protocol):
     def outcome(self, source: str | None, outcome: str, count: int = 1) -> None: ...
     def command(self, topic: str, count: int = 1) -> None: ...
     def dlq(self, reason: str, count: int = 1) -> None: ...
+    def skewed(self, count: int = 1) -> None: ...
 
 
 class NullRecorder:
@@ -31,6 +32,9 @@ class NullRecorder:
 
     def dlq(self, reason: str, count: int = 1) -> None:
         """Ignore DLQ records."""
+
+    def skewed(self, count: int = 1) -> None:
+        """Ignore records dated too far ahead."""
 
 
 class Tally:
@@ -47,6 +51,7 @@ class Tally:
         self._outcomes: dict[tuple[str | None, str], int] = {}
         self._commands: dict[str, int] = {}
         self._dlq: dict[str, int] = {}
+        self._skewed = 0
 
     def outcome(self, source: str | None, outcome: str, count: int = 1) -> None:
         """Add to ``(source, outcome)``."""
@@ -61,6 +66,10 @@ class Tally:
         """Add to ``reason``'s DLQ records."""
         self._dlq[reason] = self._dlq.get(reason, 0) + count
 
+    def skewed(self, count: int = 1) -> None:
+        """Add to the records dated past the clock-skew bound."""
+        self._skewed += count
+
     def flush(self) -> None:
         """Hand every sum to the target and start again from zero."""
         for (source, outcome), count in self._outcomes.items():
@@ -69,6 +78,8 @@ class Tally:
             self.target.command(topic, count)
         for reason, count in self._dlq.items():
             self.target.dlq(reason, count)
+        if self._skewed:
+            self.target.skewed(self._skewed)
         self.clear()
 
     def clear(self) -> None:
@@ -76,6 +87,7 @@ class Tally:
         self._outcomes.clear()
         self._commands.clear()
         self._dlq.clear()
+        self._skewed = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,7 @@ class WorkerMetrics:
     partitions: Gauge
     lag: Gauge
     restore_remaining: Gauge
+    clock_skewed: Counter
     children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict)
 
     @classmethod
@@ -175,6 +188,11 @@ class WorkerMetrics:
                 ["topic", "partition"],
                 registry=registry,
             ),
+            clock_skewed=Counter(
+                "pipeline_clock_skewed_records_total",
+                "Records dated further ahead of the wall clock than --max-clock-skew, handled at that bound",
+                registry=registry,
+            ),
         )
 
     def outcome(self, source: str | None, outcome: str, count: int = 1) -> None:
@@ -191,6 +209,10 @@ class WorkerMetrics:
     def dlq(self, reason: str, count: int = 1) -> None:
         """Count DLQ records."""
         self._child(self.dlq_records, (reason,)).inc(count)
+
+    def skewed(self, count: int = 1) -> None:
+        """Count records dated past the clock-skew bound."""
+        self.clock_skewed.inc(count)
 
     def _child(self, metric: Counter, labels: tuple[str, ...]) -> Any:
         """``metric.labels(*labels)``, remembered: ``labels()`` is costly on the per-record path."""

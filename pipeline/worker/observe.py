@@ -21,17 +21,19 @@ def observe_lag(metrics: WorkerMetrics, consumer: AIOKafkaConsumer, part: Partit
         metrics.lag.labels(part.tp.topic, str(part.tp.partition)).set(max(highwater - txn.next_offset, 0))
 
 
-def observe_store(metrics: WorkerMetrics, part: Partition) -> None:
-    """The store's key estimate, and its bytes on disk at most every :data:`DISK_MEASURE_EVERY` seconds."""
+def observe_store(metrics: WorkerMetrics, part: Partition, measured_at: float) -> float:
+    """The store's key estimate, and its bytes on disk at most every :data:`DISK_MEASURE_EVERY`
+    seconds after ``measured_at``; returns when the disk was last measured."""
     store = part.store
     if store is None:
-        return
+        return measured_at
     labels = (part.tp.topic, str(part.tp.partition))
     metrics.store_keys.labels(*labels).set(store.key_count())
     now = time.monotonic()
-    if now - part.disk_measured_at > DISK_MEASURE_EVERY:
-        part.disk_measured_at = now
+    if now - measured_at > DISK_MEASURE_EVERY:
         metrics.store_bytes.labels(*labels).set(store.disk_bytes())
+        return now
+    return measured_at
 
 
 def forget_partition(metrics: WorkerMetrics, tp: TopicPartition) -> None:

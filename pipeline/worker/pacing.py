@@ -6,12 +6,11 @@ partitions; these functions only read them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.partition import Partition
 
 
@@ -19,15 +18,15 @@ class _StableEnds(Protocol):
     def last_stable_offset(self, partition: TopicPartition) -> int | None: ...
 
 
-def poll_ms(partitions: Mapping[TopicPartition, Partition], *, commit_interval: float) -> int:
-    """How long a fetch may wait: not at all when records wait to be handled, else up to half
+def poll_ms(partitions: Iterable[Partition], *, commit_interval: float) -> int:
+    """How long a fetch may wait: not at all when records can be handled, else up to half
     the commit interval.
 
-    Records held for a partition's commit do not shorten the wait: the end of that commit
-    wakes the loop (:meth:`pipeline.worker.loop.Worker._fetch`), however long it took.
+    Records held for a partition's commit (or at its bisecting limit until it commits) do not
+    shorten the wait: the end of that commit wakes the loop, however long it took.
     """
-    for part in partitions.values():
-        if part.queue and part.state is PartitionState.READY:
+    for part in partitions:
+        if part.can_work:
             return 0
     return int(commit_interval * 500)
 

@@ -1,46 +1,55 @@
 """One owned partition: the only owner of its store, transactional producer, transaction and stage.
 
-Its life is a checked state machine (:mod:`pipeline.worker.lifecycle`). The
-loop feeds it records (:meth:`Partition.feed`), asks it to handle them
-(:meth:`Partition.work`) and to commit (:meth:`Partition.commit`), and reads
-back where the consumer must go (the ``seek`` callback it was given). What it
-does on each failure:
+Its life is a checked state machine (:mod:`pipeline.worker.lifecycle`), and it is
+the only writer of its own fields. The loop feeds it records
+(:meth:`Partition.feed`), asks it to handle them (:meth:`Partition.work`), to
+commit (:meth:`Partition.commit`) and to close (:meth:`Partition.close`, which
+commits through the same path), and tells it where the consumer was positioned
+(:meth:`Partition.positioned`). What it does on each failure:
 
 - handling one record raises: abort, rewind, and redo with that record as
   poison (to the DLQ alone);
 - a commit the broker refuses: abort and rewind; a retriable error (broker
   down, timeouts) is simply redone, and a non-retriable one that repeats
   from the same offset bisects the transaction until the offending record is
-  alone, and that record goes to the DLQ (``unproducible``);
-- fenced: FENCED, dropped by the loop;
-- the producer went fatal, or the store write after a Kafka commit failed:
-  BROKEN, closed and opened again by the loop (restore repairs the store).
+  alone, which is redone with its outputs stamped now (refused for its
+  timestamp) or goes to the DLQ (``unproducible``); when even its DLQ record
+  is refused, :class:`~pipeline.errors.PartitionUnservedError` stops the worker;
+- fenced, anywhere (begin, send, offsets, commit, abort): FENCED; the loop
+  closes it and never opens it again until the group assigns it again;
+- the producer cannot continue, or the store failed: BROKEN, closed and opened
+  again by the loop (a new producer aborts what the broker holds open; restore
+  repairs the store).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import (
-    IllegalOperation,
-    KafkaError,
-)
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from pipeline.config import WorkerSettings
 from pipeline.errors import (
-    PartitionFencedError,
     PartitionUnservedError,
     PipelineError,
+    ProducerFencedError,
+    ProducerUnusableError,
+    StoreCorruptError,
     StoreError,
+    StoreStaleError,
 )
 from pipeline.kafka.clients import transactional_producer
+from pipeline.kafka.transactional import TransactionalProducer
+from pipeline.state import directory
+from pipeline.state.restore import RestoreBudget, restore
 from pipeline.state.store import PartitionStore
+from pipeline.state.store_meta import StoreIdentity
 from pipeline.state.transaction import PartitionTransaction, TransactionFailedError
 from pipeline.topology import Topology
 from pipeline.worker.classify import Classifier
@@ -49,14 +58,28 @@ from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.event_stage import EventStage
 from pipeline.worker.lifecycle import Lifecycle, PartitionState
 from pipeline.worker.metrics import Tally, WorkerMetrics
-from pipeline.worker.opening import OPEN_ERRORS, open_store, retry
+from pipeline.worker.opening import OPEN_ERRORS, retry
 from pipeline.worker.poison import RECORD_ERRORS, PoisonTracker
-from pipeline.worker.restore import restore
 from pipeline.worker.stage import HandlerFailedError, Stage
 
 log = logging.getLogger(__name__)
 
 State = PartitionState
+
+
+@dataclass(frozen=True)
+class PartitionContext:
+    """What every partition of one worker shares: settings, topology, outputs, metrics, where stores live."""
+
+    settings: WorkerSettings
+    topology: Topology
+    classifier: Classifier
+    outputs: OutputTopics
+    metrics: WorkerMetrics
+    cluster: str = ""  # the cluster id, and each changelog's topic id: a store caches one changelog
+    topic_ids: Any = None  # Mapping[str, str]
+    open_store: directory.StoreOpener = PartitionStore.open
+    budget: RestoreBudget | None = None
 
 
 class Partition:
@@ -67,36 +90,42 @@ class Partition:
         tp: TopicPartition,
         *,
         changelog: TopicPartition,
-        settings: WorkerSettings,
-        topology: Topology,
-        classifier: Classifier,
-        outputs: OutputTopics,
-        metrics: WorkerMetrics,
+        context: PartitionContext,
         seek: Callable[[TopicPartition, int], None],
     ) -> None:
         self.tp = tp
         self.name = f"{tp.topic}-{tp.partition}"
         self.changelog = changelog
-        self.settings = settings.for_topology(topology.app)
-        self.topology = topology
-        self.classifier = classifier
-        self.outputs = outputs
-        self.metrics = metrics
+        self.context = context
+        self.settings = context.settings.for_topology(context.topology.app)
+        self.topology = context.topology
+        self.metrics = context.metrics
         self._seek = seek
         self.lifecycle = Lifecycle(self.name)
         self.lock = asyncio.Lock()
         self.queue: list[Any] = []  # fetched, not yet handled (held while a commit runs)
+        self.queued_bytes = 0
         self.generation = 0  # moves at every seek: records fetched before it are stale
-        self.rewound_to = 0  # where the last seek moved the consumer (the loop keeps it)
-        self.caught_up = False  # everything fetched is handled and the log's end reached (the loop says)
+        self.rewound_to = 0  # where the consumer was last moved to
+        self.caught_up = False  # everything fetched is handled and the log's end reached
         self.poison = PoisonTracker(self.name)
-        self.tally = Tally(metrics)  # outcomes of the open transaction: flushed at commit, cleared at abort
+        self.tally = Tally(context.metrics)  # outcomes of the open transaction: flushed at commit
         self.progress_at = time.monotonic()  # last commit, or last moment with nothing to do
-        self.disk_measured_at = 0.0
         self.store: PartitionStore | None = None
-        self.producer: AIOKafkaProducer | None = None
+        self.producer: TransactionalProducer | None = None
         self.txn: PartitionTransaction | None = None
         self.stage: Stage | None = None
+        self._wipe = False  # the store cannot be read: wipe it when released
+        ids = context.topic_ids or {}
+        self.identity = StoreIdentity(
+            app=self.topology.app,
+            group=self.settings.group,
+            topic=tp.topic,
+            partition=tp.partition,
+            changelog=changelog.topic,
+            cluster=context.cluster,
+            changelog_id=ids.get(changelog.topic, ""),
+        )
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -114,6 +143,14 @@ class Partition:
         """READY or COMMITTING."""
         return self.lifecycle.serving
 
+    @property
+    def can_work(self) -> bool:
+        """READY with queued records that the open transaction has room for (not held at a bisecting limit)."""
+        if self.state is not State.READY or not self.queue:
+            return False
+        limit = self.poison.limit
+        return limit is None or self.txn is None or self.txn.records < limit
+
     def stuck(self, now: float) -> bool:
         """Serving, with work waiting, and no commit for ``stuck_after`` seconds."""
         busy = bool(self.queue) or (self.txn is not None and self.txn.in_transaction)
@@ -130,6 +167,14 @@ class Partition:
         if self.caught_up and not self.queue:
             return True
         return txn.due(interval=self.settings.commit_interval, max_records=self.settings.max_batch)
+
+    def set_caught_up(self, caught_up: bool) -> None:
+        """The loop's word on whether everything of the log's stable end is fetched and handled."""
+        self.caught_up = caught_up
+
+    def positioned(self, offset: int) -> None:
+        """The consumer was moved to ``offset`` (the committed offset, once opened)."""
+        self.rewound_to = offset
 
     # -- opening ---------------------------------------------------------------------
     async def open(self) -> None:
@@ -155,15 +200,21 @@ class Partition:
         self.progress_at = time.monotonic()
 
     async def _open_store_and_producer(self) -> None:
+        context = self.context
         if self.store is None:
-            self.store = open_store(self.settings, self.topology, self.tp, self.changelog)
+            path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
+            self.store = directory.open_store(
+                path,
+                bucket_ms=directory.topology_bucket_ms(self.topology),
+                identity=self.identity,
+                opener=context.open_store,
+            )
         if self.producer is None:
-            txn_id = f"{self.topology.app}-{self.settings.group}-{self.tp.topic}-{self.tp.partition}"
-            producer = transactional_producer(self.settings, txn_id)
+            producer = self._new_producer()
             try:
                 await producer.start()  # InitProducerId: fences the previous owner, aborts its transaction
             except BaseException:
-                await _stop_quietly(producer, self.name)
+                await producer.stop()
                 raise
             self.producer = producer
 
@@ -172,14 +223,20 @@ class Partition:
         if store is None or producer is None:
             raise PipelineError(f"{self.name}: restore before open")
         remaining = self.metrics.restore_remaining.labels(self.tp.topic, str(self.tp.partition))
-        applied = await restore(
-            store,
-            self.changelog,
-            bootstrap=self.settings.bootstrap,
-            fetch_bytes=self.settings.restore_fetch_bytes,
-            progress_every=self.settings.restore_progress_every,
-            remaining=remaining,
-        )
+        options: dict[str, Any] = {
+            "bootstrap": self.settings.bootstrap,
+            "fetch_bytes": self.settings.restore_fetch_bytes,
+            "progress_every": self.settings.restore_progress_every,
+            "remaining": remaining,
+            "budget": self.context.budget,
+        }
+        try:
+            applied = await restore(store, self.changelog, **options)
+        except StoreStaleError as exc:  # ahead of its changelog: a cache of another log
+            store = self.store = directory.rebuild(
+                store, identity=self.identity, why=str(exc), opener=self.context.open_store
+            )
+            applied = await restore(store, self.changelog, **options)
         self.metrics.restore_records.inc(applied)
         self.txn = PartitionTransaction(
             tp=self.tp,
@@ -187,29 +244,34 @@ class Partition:
             producer=producer,
             store=store,
             changelog=self.changelog,
-            limits=self.outputs.limits,
+            limits=self.context.outputs.limits,
+            timestamps=self.context.outputs.timestamps,
             send_bytes=self.settings.send_bytes,
         )
         self.stage = self._stage(self.txn)
 
     def _stage(self, txn: PartitionTransaction) -> Stage:
+        context = self.context
+        skew_ms = int(self.settings.max_clock_skew * 1000)
         if self.tp.topic == self.topology.topics.input:
             return EventStage(
                 tp=self.tp,
                 topology=self.topology,
-                classifier=self.classifier,
+                classifier=context.classifier,
                 txn=txn,
-                outputs=self.outputs,
+                outputs=context.outputs,
                 recorder=self.tally,
                 chunk_records=self.settings.chunk_records,
+                max_skew_ms=skew_ms,
             )
         return EffectStage(
             tp=self.tp,
             topology=self.topology,
             txn=txn,
-            outputs=self.outputs,
+            outputs=context.outputs,
             recorder=self.tally,
             chunk_records=self.settings.chunk_records,
+            max_skew_ms=skew_ms,
         )
 
     # -- records ---------------------------------------------------------------------
@@ -223,23 +285,34 @@ class Partition:
             )
             records = [r for r in records if r.offset >= expected]
         self.queue.extend(records)
+        self.queued_bytes += sum(r.serialized_value_size + max(r.serialized_key_size, 0) for r in records)
+
+    def _take(self, count: int) -> list[Any]:
+        taken, self.queue = self.queue[:count], self.queue[count:]
+        if self.queue:
+            self.queued_bytes -= sum(r.serialized_value_size + max(r.serialized_key_size, 0) for r in taken)
+        else:
+            self.queued_bytes = 0
+        return taken
+
+    def _drop_queue(self) -> None:
+        self.queue = []
+        self.queued_bytes = 0
 
     async def work(self) -> None:
         """Handle queued records into the open transaction (up to the bisecting limit)."""
         async with self.lock:
             txn, stage = self.txn, self.stage
-            if self.state is not State.READY or not self.queue or txn is None or stage is None:
+            if not self.can_work or txn is None or stage is None:
                 return
             room = len(self.queue)
             if self.poison.limit is not None:
                 room = max(self.poison.limit - txn.records, 0)
-                if room == 0:
-                    return
-            records, self.queue = self.queue[:room], self.queue[room:]
+            records = self._take(room)
             try:
                 await stage.handle(records, self.poison.poison)
             except HandlerFailedError as exc:
-                await self._rewind(records[0].offset)
+                await self._abort(records[0].offset)
                 if not self.poison.handler_failed(exc.offset, exc.reason, exc.error):  # not even to the DLQ
                     raise PartitionUnservedError(
                         f"partition {self.name}: offset {exc.offset} cannot even go to the DLQ: {exc.error}"
@@ -250,127 +323,171 @@ class Partition:
                     exc.offset,
                     exc.error,
                 )
-            except PartitionFencedError:
-                self._fenced()
-            except (KafkaError, IllegalOperation, TransactionFailedError) as exc:
+            except (KafkaError, TransactionFailedError) as exc:
                 log.warning("%s: batch failed (%r); aborting and redoing", self.name, exc)
-                await self._rewind(records[0].offset)
+                await self._abort(records[0].offset)
             except StoreError as exc:
-                log.warning("%s: the store failed (%s); reopening", self.name, exc)
-                await self._rewind(records[0].offset)
-                if self.state is State.READY:
-                    self.lifecycle.move(State.BROKEN)
+                await self._abort(records[0].offset)
+                if isinstance(exc, StoreCorruptError):
+                    self._wipe = True  # an entry it cannot read: rebuilt from the changelog on the reopen
+                self._broken(exc)
+            except ProducerFencedError as exc:
+                self._fenced(exc)
+            except ProducerUnusableError as exc:
+                self._broken(exc)
 
-    async def _rewind(self, first_fetched: int) -> None:
-        """Abort the transaction and move the consumer back to its first record; BROKEN if that fails."""
+    async def _abort(self, first_fetched: int) -> None:
+        """Abort the open transaction and move the consumer back to its first record."""
         self.tally.clear()  # the redo counts them again
         txn = self.txn
         start = first_fetched
         if txn is not None:
             if txn.first_offset is not None:
                 start = min(start, txn.first_offset)
-            await txn.abort()
-            if txn.broken:
-                self.lifecycle.move(State.BROKEN)
-                return
-        self.queue.clear()
-        self.generation += 1
-        self._seek(self.tp, start)
+            try:
+                await txn.abort()
+            except ProducerFencedError as exc:
+                self._fenced(exc)
+            except ProducerUnusableError as exc:
+                self._broken(exc)
+        self._rewind(start)
 
-    def _fenced(self) -> None:
-        log.warning("%s: fenced by a newer owner; dropping the partition", self.name)
-        self.lifecycle.move(State.FENCED)
+    def _rewind(self, offset: int) -> None:
+        self._drop_queue()
+        self.generation += 1
+        self.rewound_to = offset
+        self._seek(self.tp, offset)
+
+    def _fenced(self, exc: BaseException) -> None:
+        if self.state in (State.READY, State.COMMITTING):
+            log.warning("%s: %s; dropping the partition until the group assigns it again", self.name, exc)
+            self.lifecycle.move(State.FENCED)
+
+    def _broken(self, exc: BaseException) -> None:
+        if self.state in (State.READY, State.COMMITTING):
+            log.warning("%s: %s; reopening it", self.name, exc)
+            self.lifecycle.move(State.BROKEN)
 
     # -- commit ----------------------------------------------------------------------
     async def commit(self) -> None:
-        """READY → COMMITTING → READY (or BROKEN, FENCED): commit the open transaction."""
-        async with self.lock:
-            txn = self.txn
-            if self.state is not State.READY or txn is None:
-                return
-            if not txn.in_transaction:
-                self.progress_at = time.monotonic()
-                return
-            self.lifecycle.move(State.COMMITTING)
-            start, count, end = txn.first_offset, txn.records, txn.next_offset
-            began = time.perf_counter()
-            try:
-                committed, expired = await txn.commit()
-            except PartitionFencedError:
-                self.tally.clear()
-                self._fenced()
-                return
-            except TransactionFailedError as exc:
-                self.tally.clear()
-                self._commit_failed(exc, start, count)
-                return
-            except StoreError as exc:
-                self.tally.flush()  # the Kafka side is committed: these outcomes happened
-                log.warning("%s: the store write after the commit failed (%s); reopening", self.name, exc)
-                self.lifecycle.move(State.BROKEN)
-                return
-            self.lifecycle.move(State.READY)
-            self._committed(committed, expired, time.perf_counter() - began, end)
+        """READY → COMMITTING → READY (or BROKEN, FENCED): commit the open transaction.
 
-    def _committed(self, records: int, expired: int, seconds: float, end: int | None) -> None:
+        Raises :class:`PartitionUnservedError` when a record's outputs cannot be
+        written even to the DLQ.
+        """
+        async with self.lock:
+            await self._commit()
+
+    async def _commit(self) -> None:
+        txn = self.txn
+        if self.state is not State.READY or txn is None:
+            return
+        if not txn.in_transaction:
+            self.progress_at = time.monotonic()
+            return
+        self.lifecycle.move(State.COMMITTING)
+        start, count, end = txn.first_offset, txn.records, txn.next_offset
+        began = time.perf_counter()
+        try:
+            committed, expired = await txn.commit()
+        except TransactionFailedError as exc:
+            self.tally.clear()
+            self.lifecycle.move(State.READY)
+            try:
+                self._commit_failed(exc, start, count)
+            finally:
+                if txn.producer.needs_replacing:
+                    await self._replace_producer(txn)
+            return
+        except StoreError as exc:
+            self.tally.flush()  # the Kafka side is committed: these outcomes happened
+            self._broken(exc)  # restore brings the store level with the changelog
+            return
+        except ProducerFencedError as exc:
+            self.tally.clear()
+            self._fenced(exc)
+            return
+        except ProducerUnusableError as exc:
+            self.tally.clear()
+            self._broken(exc)
+            return
+        self.lifecycle.move(State.READY)
         self.tally.flush()
         self.progress_at = time.monotonic()
         self.poison.committed(end)
-        self.metrics.commit_seconds.observe(seconds)
-        self.metrics.batch_records.observe(records)
+        self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        self.metrics.batch_records.observe(committed)
         if expired:
             self.metrics.keys_expired.inc(expired)
 
     def _commit_failed(self, exc: TransactionFailedError, start: int | None, count: int) -> None:
         """Rewind after a failed commit; bisect when a non-retriable failure repeats from one offset."""
-        txn = self.txn
-        if txn is None or txn.broken:
-            log.warning("%s: %s; the producer will be replaced", self.name, exc)
-            self.lifecycle.move(State.BROKEN)
-            return
-        self.lifecycle.move(State.READY)
         cause = exc.refused or exc
+        verdict = None
         if start is not None and isinstance(cause, RECORD_ERRORS):
-            self.poison.commit_failed(start, count, cause)
+            verdict = self.poison.commit_failed(start, count, cause)
         log.warning("%s: %s; redoing from offset %s (limit %s)", self.name, exc, start, self.poison.limit)
-        self.queue.clear()
-        self.generation += 1
         if start is not None:
-            self._seek(self.tp, start)
+            self._rewind(start)
+        else:
+            self._drop_queue()
+        if verdict is not None:
+            raise PartitionUnservedError(f"partition {self.name}: {verdict}")
+
+    def _new_producer(self) -> TransactionalProducer:
+        """A producer with the partition's transactional id: starting it fences every older one."""
+        txn_id = f"{self.topology.app}-{self.settings.group}-{self.tp.topic}-{self.tp.partition}"
+        return TransactionalProducer(transactional_producer(self.settings, txn_id), self.name)
+
+    async def _replace_producer(self, txn: PartitionTransaction) -> None:
+        """Start a new producer in place of one whose sequence numbers no longer match the broker's,
+        keeping everything else (the poison records and the bisection go on)."""
+        old = txn.producer
+        log.warning("%s: the broker refused a batch outright; starting a new producer", self.name)
+        await old.stop()
+        producer = self._new_producer()
+        try:
+            await producer.start()
+        except (KafkaError, ProducerFencedError) as exc:
+            await producer.stop()
+            self.producer = None
+            self._broken(exc)
+            return
+        self.producer = txn.producer = producer
 
     # -- closing ---------------------------------------------------------------------
     async def close(self, *, commit: bool) -> None:
-        """Commit (or abort) what is open, release the producer and the store, and go CLOSED."""
-        if self.lifecycle.closed:
-            return
-        txn = self.txn
-        try:
-            if txn is not None and txn.in_transaction:
-                if commit and self.state is State.READY and not txn.broken:
+        """Commit (through :meth:`commit`'s path) or abort what is open, release the producer and store, go CLOSED."""
+        async with self.lock:
+            if self.lifecycle.closed:
+                return
+            try:
+                if commit:
                     try:
-                        await txn.commit()
-                        self.tally.flush()
-                    except (PartitionFencedError, TransactionFailedError, StoreError) as exc:
+                        await self._commit()
+                    except PartitionUnservedError as exc:
                         log.warning("%s: could not commit on close: %s", self.name, exc)
-                else:
-                    await txn.abort()
-        finally:
-            self.lifecycle.move(State.CLOSED)  # every state but CLOSED may close
-            await self._release()
-            log.info("%s: closed", self.name)
+                txn = self.txn
+                if txn is not None and txn.in_transaction:
+                    try:
+                        await txn.abort()
+                    except (ProducerFencedError, ProducerUnusableError, KafkaError) as exc:
+                        log.info("%s: nothing more to abort on close (%s)", self.name, exc)
+            finally:
+                self.lifecycle.move(State.CLOSED)  # every state but CLOSED may close
+                await self._release()
+                log.info("%s: closed", self.name)
 
     async def _release(self) -> None:
         producer, store = self.producer, self.store
         self.producer = self.store = None
         if producer is not None:
-            await _stop_quietly(producer, self.name)
+            await producer.stop()
         if store is not None:
-            with contextlib.suppress(StoreError):
+            try:
                 store.close()
-
-
-async def _stop_quietly(producer: AIOKafkaProducer, name: str) -> None:
-    try:
-        await producer.stop()
-    except (KafkaError, IllegalOperation, AssertionError, OSError) as exc:  # a producer that went fatal
-        log.warning("%s: producer did not stop cleanly: %r", name, exc)
+                if self._wipe:
+                    log.warning("%s: wiping store %s (an entry could not be read)", self.name, store.path)
+                    PartitionStore.wipe(store.path)
+            except StoreError as exc:
+                log.warning("%s: %s", self.name, exc)

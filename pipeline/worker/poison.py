@@ -5,8 +5,12 @@ Two ways a record becomes poison:
 - handling it raised (:class:`~pipeline.worker.stage.HandlerFailedError` names it);
 - the broker refuses the transaction's outputs with a non-retriable error, and
   the same failure repeats from the same offset: the transaction is *bisected*
-  (each redo holds half as many records) until the record that fails is alone,
-  and that one is poison (``unproducible``).
+  (each redo holds half as many records) until the record that fails is alone.
+  Refused for its timestamp, that record is first redone with its outputs stamped
+  with the current time (``restamp``); refused again, or for any other reason, it
+  goes to the DLQ (``unproducible``), with the broker's error. When even its DLQ
+  record is refused, nothing more can be done for the partition:
+  :meth:`PoisonTracker.commit_failed` says so, and the worker stops with one line naming the record.
 
 Retriable failures (broker down, timeouts) are simply redone: they never
 bisect and never make poison.
@@ -30,6 +34,7 @@ from pipeline.worker.stage import Poison
 log = logging.getLogger(__name__)
 
 UNPRODUCIBLE = "unproducible"
+RESTAMP = "restamp"  # not poison: the record is handled again, its outputs stamped with the current time
 
 # What the broker refuses because of what a record is, not because of how it is: redoing the
 # same records fails the same way, so these (and only these) bisect a transaction.
@@ -55,27 +60,45 @@ class PoisonTracker:
 
     def handler_failed(self, offset: int, reason: str, error: str) -> bool:
         """Mark ``offset`` as poison; ``False`` when it already was (even its DLQ record failed)."""
-        if offset in self.poison:
+        earlier = self.poison.get(offset)
+        if earlier is not None and earlier.reason != RESTAMP:
             return False
         self.poison[offset] = Poison(reason, error)
         return True
 
-    def commit_failed(self, start: int, count: int, cause: BaseException) -> None:
-        """A non-retriable commit failure of ``count`` records from ``start``: redo, bisect, or poison."""
+    def commit_failed(self, start: int, count: int, cause: BaseException) -> str | None:
+        """A non-retriable commit failure of ``count`` records from ``start``: redo, bisect, or isolate.
+
+        Returns ``None``, or, when even the DLQ record of the isolated record was refused, one line
+        saying so: the partition cannot go on.
+        """
         what = type(cause).__name__
         if self.limit is None and self._failed_at != (start, what):
             self._failed_at = (start, what)  # once may be chance: redo the same batch
-            return
-        if count <= 1:
+            return None
+        if count > 1:
+            if self.limit is None:
+                self._until = start + count
+            self.limit = max(1, count // 2)
+            return None
+        self.limit, self._failed_at = None, None
+        earlier = self.poison.get(start)
+        if earlier is not None and earlier.reason != RESTAMP:
+            return f"offset {start} cannot be written even to the DLQ ({earlier.reason}): the broker refused it: {cause!r}"[
+                :1000
+            ]
+        if earlier is None and isinstance(cause, InvalidTimestampError):
             log.warning(
-                "%s: offset %s alone fails to commit (%r); it goes to the DLQ", self.name, start, cause
+                "%s: offset %s alone is refused for its timestamp (%r); redoing it stamped with the current time",
+                self.name,
+                start,
+                cause,
             )
-            self.poison[start] = Poison(UNPRODUCIBLE, f"the broker refused its outputs: {cause!r}"[:1000])
-            self.limit, self._failed_at = None, None
-            return
-        if self.limit is None:
-            self._until = start + count
-        self.limit = max(1, count // 2)
+            self.poison[start] = Poison(RESTAMP, repr(cause)[:1000])
+            return None
+        log.warning("%s: offset %s alone fails to commit (%r); it goes to the DLQ", self.name, start, cause)
+        self.poison[start] = Poison(UNPRODUCIBLE, f"the broker refused its outputs: {cause!r}"[:1000])
+        return None
 
     def committed(self, end: int | None) -> None:
         """A commit up to ``end`` (exclusive) succeeded: forget what lies behind it."""

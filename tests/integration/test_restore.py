@@ -14,11 +14,11 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, Gauge
 
 from pipeline.errors import StoreUnusableError
+from pipeline.state import restore as restore_module
 from pipeline.state.decision import Entry
+from pipeline.state.restore import restore
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.worker import restore as restore_module
-from pipeline.worker.restore import restore
 
 pytestmark = pytest.mark.broker
 

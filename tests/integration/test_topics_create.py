@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -92,7 +93,11 @@ async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
                 ConfigResource(ConfigResourceType.TOPIC, changelog, configs={"cleanup.policy": "delete"}),
             ]
         )
-    before = await kafka.describe_topic_configs(bootstrap, [changelog])
+    for _ in range(50):  # the broker answers the alter before every reader sees it
+        before = await kafka.describe_topic_configs(bootstrap, [changelog])
+        if before[changelog]["cleanup.policy"] == "delete":
+            break
+        await asyncio.sleep(0.1)
     assert before[changelog]["cleanup.policy"] == "delete"
 
     rerun = _create(bootstrap, path)

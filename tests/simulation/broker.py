@@ -216,6 +216,8 @@ class Topic:
         self.name = name
         self.id = uuid.uuid4()
         self.config = config
+        self.reconfigured = False  # its limits changed while the workers ran (they learn limits at start)
+        self.size_refusals = 0  # batches refused as larger than max.message.bytes
         self.partitions = [PartitionLog(name, p) for p in range(partitions)]
 
 
@@ -246,6 +248,7 @@ class Member:
     protocols: list[tuple[str, bytes]]
     protocol_type: str
     deadline: float = 0.0
+    process: Any = None  # the simulated process behind it
     join: asyncio.Future[Any] | None = None
     sync: asyncio.Future[Any] | None = None
     assignment: bytes = b""
@@ -284,6 +287,10 @@ class Broker:
         self.marker_delay = (0.0005, 0.02)
         self._scan: asyncio.TimerHandle | None = None
         self.injected: list[tuple[str, str, str]] = []  # (fault, detail, transactional id): answered once
+        self.owner_of: Callable[[str], Any] | None = (
+            None  # transactional id -> the process assigned it, if stable
+        )
+        self.owner_violations: list[str] = []
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -348,6 +355,8 @@ class Broker:
                 if error:
                     return error, -1
             error, base = log.append(produced, config, self.now_ms())
+            if error == MESSAGE_TOO_LARGE:
+                self.topics[topic].size_refusals += 1
             if error:
                 if error not in (MESSAGE_TOO_LARGE, INVALID_TIMESTAMP):
                     self.trace(f"broker: produce {topic}-{partition} refused (error {error})")
@@ -368,10 +377,13 @@ class Broker:
         return NONE
 
     # -- transactions ------------------------------------------------------------------
-    def init_producer_id(self, txn_id: str | None, timeout_ms: int) -> tuple[int, int, int]:
+    def init_producer_id(
+        self, txn_id: str | None, timeout_ms: int, process: Any = None
+    ) -> tuple[int, int, int]:
         """(error, producer id, epoch)."""
         if txn_id is None:
             return NONE, next(self._pids), 0
+        self._check_owner(txn_id, process)
         txn = self.txns.get(txn_id)
         if txn is None:
             txn = self.txns[txn_id] = Txn(txn_id, next(self._pids), -1, timeout_ms / 1000)
@@ -388,6 +400,18 @@ class Broker:
         txn.partitions = set()
         txn.groups = set()
         return NONE, txn.pid, txn.epoch
+
+    def _check_owner(self, txn_id: str, process: Any) -> None:
+        """Note a producer started for a partition by a process the group does not assign it to, while the
+        group is stable: a zombie fencing the partition's rightful owner (``owner_violations``)."""
+        if process is None or self.owner_of is None:
+            return
+        owner = self.owner_of(txn_id)
+        if owner is not None and owner is not process:
+            self.owner_violations.append(
+                f"{getattr(process, 'name', process)} started a producer for {txn_id}, which the group "
+                f"assigns to {getattr(owner, 'name', owner)}"
+            )
 
     def _txn_for(self, txn_id: str, pid: int, epoch: int) -> tuple[int, Txn | None]:
         txn = self.txns.get(txn_id)
@@ -516,6 +540,7 @@ class Broker:
         group_id: str,
         member_id: str,
         client_id: str,
+        process: Any,
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
         protocol_type: str,
@@ -541,6 +566,7 @@ class Broker:
             )
             self.trace(f"broker: group {group_id}: {member_id} joins")
         member.protocols = protocols
+        member.process = process
         member.deadline = self.now() + member.session_timeout_s
         self._expire_later(group, member)
         if member.join is not None and not member.join.done():

@@ -26,6 +26,8 @@ import contextlib
 import contextvars
 import heapq
 import itertools
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
@@ -35,12 +37,16 @@ from typing import Any
 #: The process the running code belongs to (None: the world).
 CURRENT: contextvars.ContextVar[Process | None] = contextvars.ContextVar("sim_process", default=None)
 
+WATCHDOG_S = 5.0  # real seconds one callback may run
 STEP_COST_S = 0.000005  # the virtual time one callback takes
 EPOCH_S = 1_767_225_600.0  # 2026-01-01T00:00:00Z: what the virtual wall clock reads at virtual time 0
 
 
-class LivelockError(Exception):
-    """The run went past its bound of virtual time or of callbacks."""
+class LivelockError(BaseException):
+    """The run went past its bound of virtual time or of callbacks, or one callback never returned.
+
+    A BaseException, so that no ``except Exception`` in the code under test swallows it.
+    """
 
 
 class ProcessState(Enum):
@@ -85,7 +91,10 @@ class SimLoop(asyncio.AbstractEventLoop):
         self.steps = 0
         self.errors: list[dict[str, Any]] = []  # what reached the exception handler
         self.tasks: list[asyncio.Task[Any]] = []  # kept alive until the run is over (see close)
+        self.owners: dict[asyncio.Task[Any], Process | None] = {}
         self.before_step: Callable[[Process], None] | None = None
+        self.stuck = False
+        self._watched = -1
         self.recent: deque[tuple[asyncio.Handle, Process | None]] = deque(
             maxlen=300
         )  # for a livelock's report
@@ -148,7 +157,23 @@ class SimLoop(asyncio.AbstractEventLoop):
     ) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=self, name=name, context=context)
         self.tasks.append(task)
+        self.owners[task] = (context if context is not None else contextvars.copy_context()).get(CURRENT)
         return task
+
+    def stacks(self, process: Process) -> list[str]:
+        """Where each unfinished task of ``process`` waits (for a report)."""
+        found = []
+        for task in self.tasks:
+            if self.owners.get(task) is process and not task.done():
+                frames = task.get_stack(limit=12)
+                found.append(
+                    f"{task.get_name()}: "
+                    + " > ".join(
+                        f"{f.f_code.co_name}@{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}"
+                        for f in frames
+                    )
+                )
+        return found
 
     def spawn(self, process: Process | None, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start ``coro`` as a task of ``process`` (None: of the world)."""
@@ -203,7 +228,10 @@ class SimLoop(asyncio.AbstractEventLoop):
                 raise LivelockError(
                     f"more than {self.max_steps} callbacks at t={self._now:.3f}s: {self.hot()}"
                 )
-            handle._run()
+            handle._run()  # as asyncio's own loops run a handle
+            if self.stuck:
+                who = owner.name if owner else "the world"
+                raise LivelockError(f"a callback of {who} never yielded: {self.hot()}")
             self._now += STEP_COST_S  # running code takes time: a loop polling the clock sees it move
 
     def hot(self) -> str:
@@ -244,16 +272,32 @@ class SimLoop(asyncio.AbstractEventLoop):
             if not handle.cancelled():
                 self._ready.append((handle, owner))
 
+    def _watchdog(self, _signum: int, _frame: Any) -> None:
+        """SIGALRM every few real seconds: a callback that has run all that time never yields."""
+        if self.steps == self._watched:
+            self.stuck = True
+            raise LivelockError(f"one callback has run for {WATCHDOG_S:.0f}s of real time without yielding")
+        self._watched = self.steps
+
     def run_forever(self) -> None:
         self._check_not_running()
         self._running = True
-        asyncio.events._set_running_loop(self)
+        asyncio.events._set_running_loop(self)  # what asyncio's own run_forever does
+        watching = threading.current_thread() is threading.main_thread()
+        saved: Any = None
+        if watching:
+            self._watched = -1
+            saved = signal.signal(signal.SIGALRM, self._watchdog)
+            signal.setitimer(signal.ITIMER_REAL, WATCHDOG_S, WATCHDOG_S)
         try:
             while not self._stopping:
                 if not self._ready and not self._timers:
                     raise LivelockError("nothing left to run: every task waits forever")
                 self._run_once()
         finally:
+            if watching:
+                signal.setitimer(signal.ITIMER_REAL, 0, 0)
+                signal.signal(signal.SIGALRM, saved)
             self._stopping = False
             self._running = False
             asyncio.events._set_running_loop(None)
@@ -284,6 +328,7 @@ class SimLoop(asyncio.AbstractEventLoop):
         self._closed = True
         self._ready.clear()
         self._timers.clear()
+        self.owners.clear()
 
     async def shutdown_asyncgens(self) -> None:
         return None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from random import Random
 from typing import Any
@@ -25,6 +27,7 @@ from aiokafka.protocol import admin as admin_protocol
 from aiokafka.protocol import commit, coordination, fetch, group, metadata, offset, produce, transaction
 
 from tests.simulation import broker as b
+from tests.simulation.loop import CURRENT
 from tests.simulation.records import decode_produced
 
 HOST, PORT, NODE = "sim", 9092, 0
@@ -52,6 +55,8 @@ REQUESTS = (
 VERSIONS: dict[int, tuple[int, int]] = {
     r.API_KEY: (r._CLASSES[-1].API_VERSION, r._CLASSES[-1].API_VERSION) for r in REQUESTS
 }
+# Metadata up to v12 too: the worker asks v12 for the cluster and topic ids (pipeline.kafka.internals)
+VERSIONS[metadata.MetadataRequest.API_KEY] = (VERSIONS[metadata.MetadataRequest.API_KEY][0], 12)
 
 
 class Network:
@@ -63,6 +68,9 @@ class Network:
         self.connections: list[SimConnection] = []
         self.spike_chance = 0.02  # a request that takes far longer (GC pause, slow disk, busy broker)
         self.requests = 0
+        #: encode and decode every request and response, as on the wire (slower; catches a response
+        #: the model builds in a shape aiokafka would not read): ``SIM_STRICT_WIRE=1``
+        self.strict = os.environ.get("SIM_STRICT_WIRE") == "1"
 
     def latency(self) -> float:
         if self.rng.random() < self.spike_chance:
@@ -113,6 +121,7 @@ class SimConnection:
         self._open = True
         self._queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] = asyncio.Queue()
         self._pending: list[asyncio.Future[Any]] = []
+        self.process = CURRENT.get()  # the process that opened it (None: the world)
         self._server = network.broker.loop.spawn(None, self._serve(), f"conn-{client_id}")
         loop = network.broker.loop
         self._closed_fut = loop.create_future()
@@ -132,7 +141,8 @@ class SimConnection:
         if not self._open:
             raise KafkaConnectionError(f"No connection to broker at {self._host}:{self._port}")
         struct = request.prepare(self._versions)
-        struct = type(struct).decode(struct.encode())  # as the broker reads it off the wire
+        if self.network.strict:
+            struct = type(struct).decode(struct.encode())  # as the broker reads it off the wire
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         self.network.requests += 1
@@ -151,13 +161,14 @@ class SimConnection:
     async def _serve(self) -> None:
         while True:
             struct, future = await self._queue.get()
-            response = await handle(self.network.broker, struct, self.client_id)
+            response = await handle(self.network.broker, struct, self.client_id, self.process)
             if not self._open:
                 return
-            encoded = response.encode()
+            if self.network.strict:
+                response = type(response).decode(response.encode())  # as the client reads it off the wire
             await asyncio.sleep(self.network.latency())
             if self._open and not future.done():
-                future.set_result(type(response).decode(encoded))
+                future.set_result(response)
 
     def close(self, reason: Any = None, exc: BaseException | None = None) -> asyncio.Future[Any]:
         if self._open:
@@ -197,7 +208,7 @@ def installed(network: Network) -> Iterator[None]:
 # -- requests ----------------------------------------------------------------------------
 
 
-async def handle(broker: b.Broker, req: Any, client_id: str) -> Any:
+async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None) -> Any:
     key = req.API_KEY
     if key == produce.ProduceRequest.API_KEY:
         return _produce(broker, req)
@@ -206,13 +217,13 @@ async def handle(broker: b.Broker, req: Any, client_id: str) -> Any:
     if key == offset.OffsetRequest.API_KEY:
         return _list_offsets(broker, req)
     if key == metadata.MetadataRequest.API_KEY:
-        return _metadata(broker, req)
+        return _metadata_v12(broker, req) if req.API_VERSION == 12 else _metadata(broker, req)
     if key == commit.OffsetFetchRequest.API_KEY:
         return _offset_fetch(broker, req)
     if key == coordination.FindCoordinatorRequest.API_KEY:
         return req.RESPONSE_TYPE(0, 0, None, NODE, HOST, PORT)
     if key == group.JoinGroupRequest.API_KEY:
-        return await _join(broker, req, client_id)
+        return await _join(broker, req, client_id, process)
     if key == group.SyncGroupRequest.API_KEY:
         result = await broker.sync(req.group, req.generation_id, req.member_id, req.group_assignment)
         return req.RESPONSE_TYPE(0, result["error"], result.get("assignment", b""))
@@ -221,7 +232,7 @@ async def handle(broker: b.Broker, req: Any, client_id: str) -> Any:
     if key == group.LeaveGroupRequest.API_KEY:
         return req.RESPONSE_TYPE(0, broker.leave(req.group, req.member_id))
     if key == transaction.InitProducerIdRequest.API_KEY:
-        error, pid, epoch = broker.init_producer_id(req.transactional_id, req.transaction_timeout_ms)
+        error, pid, epoch = broker.init_producer_id(req.transactional_id, req.transaction_timeout_ms, process)
         return req.RESPONSE_TYPE(0, error, pid, epoch)
     if key == transaction.AddPartitionsToTxnRequest.API_KEY:
         tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
@@ -341,6 +352,19 @@ def _metadata(broker: b.Broker, req: Any) -> Any:
     return req.RESPONSE_TYPE(0, [(NODE, HOST, PORT, None)], broker.cluster_id, NODE, topics)
 
 
+def _metadata_v12(broker: b.Broker, req: Any) -> Any:
+    names = [name for _id, name, _tags in req.topics]
+    topics = []
+    for name in names:
+        topic = broker.topics.get(name)
+        if topic is None:
+            topics.append((b.UNKNOWN_TOPIC_OR_PARTITION, name, uuid.UUID(int=0), False, [], 0, {}))
+            continue
+        partitions = [(0, p, NODE, 0, [NODE], [NODE], [], {}) for p in range(len(topic.partitions))]
+        topics.append((0, name, topic.id, False, partitions, 0, {}))
+    return req.RESPONSE_TYPE(0, [(NODE, HOST, PORT, None, {})], broker.cluster_id, NODE, topics, {})
+
+
 def _offset_fetch(broker: b.Broker, req: Any) -> Any:
     tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
     found = broker.offset_fetch(req.consumer_group, tps)
@@ -350,11 +374,12 @@ def _offset_fetch(broker: b.Broker, req: Any) -> Any:
     return req.RESPONSE_TYPE(0, list(topics.items()), 0)
 
 
-async def _join(broker: b.Broker, req: Any, client_id: str) -> Any:
+async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any:
     result = await broker.join(
         req.group,
         req.member_id,
         client_id,
+        process,
         req.session_timeout,
         req.rebalance_timeout,
         req.protocol_type,

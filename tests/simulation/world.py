@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import tempfile
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +22,15 @@ from random import Random
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
 from pipeline.config import WorkerSettings
+from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.admin import topic_specs
+from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.worker import opening
 from pipeline.worker.loop import Worker
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
@@ -53,6 +57,7 @@ class Scenario:
     settings: dict[str, Any]
     workload: Workload
     faults: list[Fault]
+    small_limits: bool = False  # output topics made by hand with 4 KiB max.message.bytes
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -81,11 +86,14 @@ class Scenario:
             partitions=partitions,
             session_s=session_ms / 1000,
         )
-        return cls(seed, partitions, workers, effects, flavor, settings, workload, faults)
+        small_limits = rng.random() < 0.25
+        return cls(seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits)
 
     def describe(self) -> str:
         lines = [
-            f"seed {self.seed}: {self.workers} workers, broker {self.flavor}, settings {self.settings}",
+            f"seed {self.seed}: {self.workers} workers, broker {self.flavor}"
+            + (", 4 KiB output topics" if self.small_limits else "")
+            + f", settings {self.settings}",
             f"workload: {self.workload.describe()}",
             "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),
         ]
@@ -190,6 +198,7 @@ class _TraceHandler(logging.Handler):
 
             lines = traceback.format_exception(*record.exc_info)
             message += " | " + " ".join(line.strip() for line in lines[-30:])
+        message = message.replace(str(self.world.root), "<state>")
         self.world.note(f"{who} {record.levelname[0]} {record.name.removeprefix('pipeline.')}: {message}")
 
 
@@ -211,6 +220,21 @@ class World:
         self.produced = 0
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
+        self.broker.owner_of = self._owner_of
+
+    def _owner_of(self, txn_id: str) -> Process | None:
+        """The process the stable group assigns ``txn_id``'s partition to (None while it rebalances)."""
+        group = self.broker.group(GROUP)
+        if group.state != "stable":
+            return None
+        topic, _, partition = txn_id.removeprefix(f"{APP}-{GROUP}-").rpartition("-")
+        for member in group.members.values():
+            if not member.assignment:
+                continue
+            assigned = ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions()
+            if TopicPartition(topic, int(partition)) in assigned:
+                return member.process  # type: ignore[no-any-return]
+        return None
 
     def note(self, line: str) -> None:
         self.trace.append(f"{self.loop.time():9.3f} {line}")
@@ -223,9 +247,10 @@ class World:
         root_logger.addHandler(handler)
         root_logger.setLevel(logging.INFO)
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
-        saved_store = opening.PartitionStore
-        opening.PartitionStore = SimStore  # type: ignore[misc]
         SimStore.faults = self.disk
+        random.seed(
+            self.scenario.seed
+        )  # aiokafka shuffles with the module's generator (fetches, node choice)
         asyncio.set_event_loop(self.loop)
         try:
             with virtual_time(self.loop), wire.installed(self.network):
@@ -235,7 +260,6 @@ class World:
                     self.problems.append(f"livelock: {exc}")
                     self.problems.extend(self._diagnose())
         finally:
-            opening.PartitionStore = saved_store  # type: ignore[misc]
             SimStore.faults = None
             root_logger.removeHandler(handler)
             root_logger.setLevel(saved_level)
@@ -283,6 +307,13 @@ class World:
         )
         self.counts = verdict.counts
         self.problems.extend(verdict.problems)
+        self.problems.extend(self.broker.owner_violations[:5])
+        for topic in self.broker.topics.values():
+            if topic.size_refusals and not topic.reconfigured:
+                self.problems.append(
+                    f"the broker refused {topic.size_refusals} batches to {topic.name} as larger than its "
+                    f"max.message.bytes ({topic.config.max_message_bytes}), which the workers read at start"
+                )
 
     def _create_topics(self) -> None:
         for spec in topic_specs(self.topology):
@@ -296,6 +327,8 @@ class World:
                 config.timestamp_after_max_ms = int(raw["message.timestamp.after.max.ms"])
             if "message.timestamp.before.max.ms" in raw:
                 config.timestamp_before_max_ms = int(raw["message.timestamp.before.max.ms"])
+            if self.scenario.small_limits and spec.name != self.topology.topics.input:
+                config.max_message_bytes = 4096
             self.broker.create_topic(spec.name, spec.partitions, config)
 
     # -- workers ----------------------------------------------------------------------------
@@ -314,21 +347,37 @@ class World:
         slot.incarnations += 1
         process = Process(f"{slot.name}.{slot.incarnations}")
         slot.process = process
-        worker = Worker(self.settings(slot), self.topology)
+        worker = Worker(self.settings(slot), self.topology, open_store=SimStore.open)
         slot.worker = worker
         self.note(f"{process.name} starts")
         slot.task = self.loop.spawn(process, self._incarnation(slot, process, worker), process.name)
 
     async def _incarnation(self, slot: Slot, process: Process, worker: Worker) -> None:
         outcome = "exit 0"
+        started = False
         try:
             await worker.start()
+            started = True
             await worker.run()
+        except BrokerUnavailableError as exc:
+            outcome = f"exit 1: {exc!r}"[:400]
+            if not started:  # started while the broker was down: a supervisor starts it again
+                outcome = "exit 1 at start: the broker is down"
         except Exception as exc:
             outcome = f"exit 1: {exc!r}"[:400]
+        except asyncio.CancelledError as exc:  # nothing cancels a worker from outside: it escaped from inside
+            tb = exc.__traceback__
+            where = []
+            while tb is not None:
+                code = tb.tb_frame.f_code
+                where.append(f"{code.co_name}@{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}")
+                tb = tb.tb_next
+            outcome = f"exit 1: CancelledError escaped ({' > '.join(where)})"
         self.note(f"{process.name} ended: {outcome}")
         slot.exits.append(outcome)
-        if outcome != "exit 0" or slot.wanted:
+        if outcome == "exit 1 at start: the broker is down":
+            pass
+        elif outcome != "exit 0" or slot.wanted:
             self.problems.append(f"{process.name} exited on its own: {outcome}")
         self.loop.crash(process)  # the process is over: whatever it left pending never runs
         if slot.process is process:
@@ -419,6 +468,7 @@ class World:
                     self.broker.topics[name].config.timestamp_after_max_ms = 3_600_000
             else:
                 self.broker.topics[topics.commands].config.max_message_bytes = 700
+                self.broker.topics[topics.commands].reconfigured = True
             return
         if fault.target >= len(self.slots):
             return
@@ -446,10 +496,14 @@ class World:
                 slot.worker.stop()
             self.note(f"{process.name} SIGTERM")
             await asyncio.sleep(fault.duration)
-            if slot.running:  # still stopping
-                await asyncio.sleep(STOP_LIMIT_S)
+            if slot.running:  # still stopping: it commits what is open, once the broker answers
+                await self._until_broker_up()
+                await self._stopped([slot], STOP_LIMIT_S)
                 if slot.running:
-                    self.problems.append(f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM")
+                    self.problems.append(
+                        f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM (with the broker up)"
+                    )
+                    self.problems.extend(self.loop.stacks(process)[:12])
                     self._crash(process)
             slot.wanted = True
             self._start(slot)
@@ -471,9 +525,14 @@ class World:
         topics = self.topology.topics
         partition = self.rng.randrange(self.scenario.partitions)
         tp = TopicPartition(topics.input, partition)
-        path = opening.store_path(slot.state_dir, self.topology, GROUP, tp)
+        path = directory.store_path(slot.state_dir, self.topology, GROUP, tp)
         shutil.rmtree(path, ignore_errors=True)
-        identity = StoreIdentity(APP, GROUP, topics.input, partition, topics.changelog)
+        changelog_topic = self.broker.topics[topics.changelog]
+        if how == "ahead":  # this cluster's changelog, but a position it never reached
+            ids = (self.broker.cluster_id, str(changelog_topic.id))
+        else:  # another cluster's store under the same names
+            ids = (f"other-{self.rng.getrandbits(32):08x}", str(uuid.UUID(int=self.rng.getrandbits(128))))
+        identity = StoreIdentity(APP, GROUP, topics.input, partition, topics.changelog, *ids)
         bucket_ms = bucket_width(int(self.topology.max_ttl.total_seconds() * 1000))
         store = SimStore.open(path, bucket_ms=bucket_ms, identity=identity)
         try:
@@ -538,12 +597,23 @@ class World:
             slot.wanted = False
             if slot.worker is not None:
                 slot.worker.stop()
-        deadline = self.loop.time() + STOP_LIMIT_S
-        while any(s.running for s in running):
-            if self.loop.time() > deadline:
-                names = [s.process.name for s in running if s.running and s.process is not None]
-                self.problems.append(f"workers did not stop within {STOP_LIMIT_S:.0f}s: {names}")
-                return
+        await self._until_broker_up()
+        await self._stopped(running, STOP_LIMIT_S)
+        names = [s.process.name for s in running if s.running and s.process is not None]
+        if names:
+            self.problems.append(f"workers did not stop within {STOP_LIMIT_S:.0f}s: {names}")
+            for slot in running:
+                if slot.running and slot.process is not None:
+                    self.problems.extend(self.loop.stacks(slot.process)[:12])
+
+    async def _until_broker_up(self) -> None:
+        while self.broker.down:
+            await asyncio.sleep(0.25)
+
+    async def _stopped(self, slots: list[Slot], limit: float) -> None:
+        """Wait until none of ``slots`` runs, ``limit`` seconds at most."""
+        deadline = self.loop.time() + limit
+        while any(s.running for s in slots) and self.loop.time() < deadline:
             await asyncio.sleep(0.25)
 
     def _diagnose(self) -> list[str]:

@@ -34,14 +34,14 @@ from aiokafka.structs import ConsumerRecord
 from pipeline import topology as topology_module
 from pipeline.config import WorkerSettings
 from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
-from pipeline.kafka import admin as admin_module
+from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.worker import loop as loop_module
 from pipeline.worker import partition as partition_module
 from pipeline.worker.classify import Classifier
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.partition import Partition
+from pipeline.worker.partition import Partition, PartitionContext
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGY_PATH = ROOT / "topologies" / "default.toml"
@@ -207,6 +207,22 @@ class FakeProducer:
         self._pending_offsets: list[tuple[TopicPartition, int, str]] = []
         self._log_end: dict[tuple[str, int], int] = defaultdict(int)
 
+    def made_after_start(self) -> list[str]:
+        """The starts after the first: each is a new producer for the same transactional id."""
+        return [c for c in self.calls if c == "start"][1:]
+
+    def succeed(self, earlier: FakeProducer) -> None:
+        """Take over from ``earlier`` (same transactional id): one broker's view, the same failures to come."""
+        self.calls = earlier.calls
+        self.fail = earlier.fail
+        self.fail_send_if = earlier.fail_send_if
+        self.fail_commit_if = earlier.fail_commit_if
+        self.committed = earlier.committed
+        self.aborted = earlier.aborted
+        self.offsets = earlier.offsets
+        self.violations = earlier.violations
+        self._log_end = earlier._log_end
+
     def _maybe_fail(self, call: str) -> None:
         queued = self.fail.get(call)
         if queued:
@@ -328,6 +344,9 @@ class ProducerFactory:
 
     def __call__(self, settings: WorkerSettings, transactional_id: str) -> FakeProducer:
         producer = FakeProducer(transactional_id)
+        earlier = self.made[transactional_id]
+        if earlier:
+            producer.succeed(earlier[-1])
         if self.prepare is not None:
             self.prepare(producer)
         self.made[transactional_id].append(producer)
@@ -446,8 +465,7 @@ class FakeConsumer:
             self.assigned |= fresh
             if self.listener is not None:
                 await self.listener.on_partitions_assigned(fresh)
-        await asyncio.sleep(0)
-        batches = self._take(max_records)
+        batches = self._take(max_records)  # as aiokafka: with nothing to wait for, it never yields
         if batches or not timeout_ms:
             return batches
         try:
@@ -491,21 +509,20 @@ def install(
     consumer: FakeConsumer | None = None,
     limits: dict[str, str] | None = None,
 ) -> Clients:
-    """Replace the producer, restore, consumer and admin calls of the partition and loop modules."""
+    """Replace the producer, restore, consumer and topic layout the partition and loop modules use."""
     clients = Clients(producers or ProducerFactory(), restore or Restore(), consumer or FakeConsumer())
     monkeypatch.setattr(partition_module, "transactional_producer", clients.producers)
     monkeypatch.setattr(partition_module, "restore", clients.restore)
     monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings: clients.consumer)
 
-    async def partition_count(_bootstrap: str, _topic: str) -> int:
-        return PARTITIONS
+    async def topic_layout(_bootstrap: str, topology: Any) -> TopicLayout:
+        names = [*outputs().partitions]
+        sizes = {name: int(limits[name]) if limits and name in limits else 4 * MIB for name in names}
+        return TopicLayout(
+            dict.fromkeys(names, PARTITIONS), sizes, {}, "fake-cluster", {n: f"id-{n}" for n in names}
+        )
 
-    async def describe_topic_configs(_bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
-        return {name: {"max.message.bytes": limits[name]} for name in names if limits and name in limits}
-
-    for module in (admin_module, loop_module):  # the loop may import them, or call them through admin
-        monkeypatch.setattr(module, "partition_count", partition_count, raising=False)
-        monkeypatch.setattr(module, "describe_topic_configs", describe_topic_configs, raising=False)
+    monkeypatch.setattr(loop_module, "topic_layout", topic_layout)
     return clients
 
 
@@ -528,13 +545,18 @@ def make_partition(
 ) -> Partition:
     """A :class:`Partition` of the default topology's input topic (not opened)."""
     seen = seeks if seeks is not None else []
-    return Partition(
-        tp(partition),
-        changelog=TopicPartition(TOPICS.changelog, partition),
+    context = PartitionContext(
         settings=settings(state_dir, **overrides),
         topology=TOPOLOGY,
         classifier=classifier(),
         outputs=outputs(limits),
         metrics=WorkerMetrics.create(),
+        cluster="fake-cluster",
+        topic_ids={TOPICS.changelog: "changelog-id", TOPICS.effects_changelog: "effects-changelog-id"},
+    )
+    return Partition(
+        tp(partition),
+        changelog=TopicPartition(TOPICS.changelog, partition),
+        context=context,
         seek=lambda where, offset: seen.append((where, offset)),
     )

@@ -54,10 +54,17 @@ def test_every_other_transition_raises_and_leaves_the_state(
     assert life.state is source
 
 
-def test_every_state_but_closed_may_close_and_closed_is_final() -> None:
-    """CLOSED is reachable from every other state (revoked, stopping, gave up) and leads nowhere."""
-    assert all(S.CLOSED in TRANSITIONS[s] for s in S if s is not S.CLOSED)
+def test_every_state_but_committing_may_close_and_closed_is_final() -> None:
+    """CLOSED is reachable from every state but COMMITTING (a close waits for the commit to end) and leads nowhere."""
+    assert all(S.CLOSED in TRANSITIONS[s] for s in S if s not in (S.CLOSED, S.COMMITTING))
+    assert S.CLOSED not in TRANSITIONS[S.COMMITTING]
     assert TRANSITIONS[S.CLOSED] == frozenset()
+
+
+def test_a_failure_while_opening_or_restoring_closes_and_never_breaks() -> None:
+    """OPENING and RESTORING go on or close: BROKEN and FENCED are states of a serving partition only."""
+    for state in (S.OPENING, S.RESTORING):
+        assert not TRANSITIONS[state] & {S.BROKEN, S.FENCED}
 
 
 def test_broken_and_fenced_only_close() -> None:

@@ -20,12 +20,13 @@ from aiokafka import TopicPartition
 
 from pipeline import cli, native
 from pipeline.errors import PartitionUnservedError
+from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.loop import Worker
-from pipeline.worker.opening import store_path
 from pipeline.worker.pacing import poll_ms
+from pipeline.worker.partition import Partition
 
 from .fakes import (
     INPUT,
@@ -36,8 +37,10 @@ from .fakes import (
     FakeConsumer,
     ProducerFactory,
     Restore,
+    body,
     install,
     keys_for,
+    record,
     records,
     settings,
     tp,
@@ -71,6 +74,12 @@ def _conflicting_store(state_dir: Path, partition: TopicPartition) -> None:
     PartitionStore.open(path, bucket_ms=BUCKET_MS, identity=other).close()
 
 
+def _part(worker: Worker, tp: TopicPartition) -> Partition | None:
+    """The partition ``worker`` owns at ``tp``, if any."""
+    owned = worker._owned.get(tp)
+    return owned.part if owned is not None else None
+
+
 class Running:
     """A started worker over fakes, and its ``run()`` as a task."""
 
@@ -84,7 +93,7 @@ class Running:
         return self.clients.consumer
 
     def states(self) -> dict[int, PartitionState]:
-        return {t.partition: p.state for t, p in self.worker._partitions.items()}
+        return {t.partition: p.state for t, p in ((t, o.part) for t, o in self.worker._owned.items())}
 
     def run(self) -> asyncio.Task[None]:
         self.task = asyncio.create_task(self.worker.run())
@@ -188,7 +197,9 @@ async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committ
         assert mine[-1] == "resume"
 
     await eventually(
-        lambda: all(pt.queue == [] and pt.txn and pt.txn.records for pt in w.worker._partitions.values())
+        lambda: all(
+            pt.queue == [] and pt.txn and pt.txn.records for pt in (o.part for o in w.worker._owned.values())
+        )
     )
     await w.stop()
     audit = {
@@ -231,7 +242,7 @@ async def test_a_partition_that_cannot_open_makes_run_raise_partition_unserved(
     with pytest.raises(PartitionUnservedError, match=f"{INPUT}-1"):
         await asyncio.wait_for(w.worker.run(), 5)
     assert w.consumer.stopped
-    assert w.worker._partitions == {}
+    assert w.worker._owned == {}
     for producer in w.clients.producers.made.get(f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0", []):
         assert "commit" not in producer.calls  # a stop after an exception never commits
         assert producer.stopped
@@ -267,7 +278,7 @@ async def test_run_raising_mid_batch_aborts_the_open_transactions(
     w = await start_worker(assign={TP0}, logs=_logs(3))
 
     def fail_once_handled(_poll: int) -> None:
-        part = w.worker._partitions.get(TP0)
+        part = _part(w.worker, TP0)
         if part is not None and part.txn is not None and part.txn.records == 3:
             raise RuntimeError("the fetch blew up")
 
@@ -294,7 +305,7 @@ async def test_a_clean_stop_commits_the_open_transactions(start_worker: Starter)
     w = await start_worker(assign={TP0, TP1}, logs=_logs(3))
 
     def stop_once_handled(_poll: int) -> None:
-        parts = [w.worker._partitions.get(p) for p in (TP0, TP1)]
+        parts = [_part(w.worker, p) for p in (TP0, TP1)]
         if all(p is not None and p.txn is not None and p.txn.records == 3 for p in parts):
             w.worker.stop()
 
@@ -316,9 +327,9 @@ async def test_a_revoked_partition_commits_its_open_transaction_before_the_callb
     w = await start_worker(assign={TP0}, logs=_logs(3))
     w.run()
     await eventually(
-        lambda: (p := w.worker._partitions.get(TP0)) is not None and p.txn is not None and p.txn.records == 3
+        lambda: (p := _part(w.worker, TP0)) is not None and p.txn is not None and p.txn.records == 3
     )
-    part = w.worker._partitions[TP0]
+    part = w.worker._owned[TP0].part
     w.consumer.assigned.discard(TP0)
     await w.worker.partitions_revoked({TP0})
     producer = w.clients.producers.of(0)
@@ -326,7 +337,7 @@ async def test_a_revoked_partition_commits_its_open_transaction_before_the_callb
     assert "abort" not in producer.calls
     assert producer.stopped
     assert part.state is S.CLOSED
-    assert TP0 not in w.worker._partitions
+    assert TP0 not in w.worker._owned
     await w.stop()
 
 
@@ -336,7 +347,7 @@ async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the
     """commit_policy=caught-up: three records handled, nothing more to fetch: committed at once, not after the 60 s interval."""
     w = await start_worker(assign={TP0}, logs=_logs(3), commit_policy="caught-up")
     w.run()
-    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
     producer = w.clients.producers.of(0)
     await eventually(lambda: producer.offsets == [(tp(0), 3, GROUP)])
     assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 3)
@@ -346,8 +357,8 @@ async def test_records_held_for_a_slow_commit_are_handled_as_soon_as_it_ends(sta
     """The end of a commit (here 0.4 s long) wakes the loop from its fetch: the held records commit at once, not a fetch wait later."""
     w = await start_worker(assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0)
     w.run()
-    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
-    part = w.worker._partitions[TP0]
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
     producer = w.clients.producers.of(0)
     gate = producer.commit_gate = asyncio.Event()
     w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 3)))
@@ -369,7 +380,7 @@ async def test_stop_cuts_a_waiting_fetch_short(start_worker: Starter) -> None:
     """stop() on an idle worker returns from run() at once, not after the fetch's wait (10 s here)."""
     w = await start_worker(assign={TP0}, logs={}, commit_interval=20.0)
     task = w.run()
-    await eventually(lambda: (p := w.worker._partitions.get(TP0)) is not None and p.serving)
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
     w.consumer.max_wait_ms = 60_000
     await asyncio.sleep(0.05)  # the loop is in its fetch now
     began = time.monotonic()
@@ -392,8 +403,86 @@ def test_the_fetch_does_not_wait_only_when_records_can_be_handled(
     partitions: list[tuple[PartitionState, int]], expected: int
 ) -> None:
     """The poll timeout: 0 with handleable records, else half the commit interval (no polling while a commit holds records)."""
-    parts = {
-        tp(i): SimpleNamespace(state=st, queue=[object()] * queued)
-        for i, (st, queued) in enumerate(partitions)
-    }
+    parts = [SimpleNamespace(can_work=st is PartitionState.READY and queued > 0) for st, queued in partitions]
     assert poll_ms(parts, commit_interval=0.1) == expected  # type: ignore[arg-type]
+
+
+async def test_a_partition_revoked_while_it_reopens_leaves_the_table_and_starts_no_producer_after(
+    start_worker: Starter,
+) -> None:
+    """A BROKEN partition is reopened; the group revokes it mid-open (aiokafka still lists it until the sync):
+    it leaves the table at once, no producer starts for it afterwards, and a later assignment opens it again."""
+    gate = asyncio.Event()
+    w = await start_worker(assign={TP0}, logs=_logs(2), restore=Restore(gate))
+    gate.set()
+    w.run()
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
+    gate.clear()  # the reopen's restore will wait
+    part.lifecycle.move(S.BROKEN)  # as a producer gone fatal leaves it
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p is not part)
+    reopening = w.worker._owned[TP0]
+    assert reopening.opening is not None
+    producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
+    started_before = len(producers)
+    await w.worker.partitions_revoked({TP0})  # the consumer still lists TP0: a rebalance is under way
+    assert TP0 not in w.worker._owned
+    assert reopening.part.state is S.CLOSED
+    gate.set()
+    await asyncio.sleep(0.05)
+    assert len(producers) == started_before  # nothing started for it after the revocation
+    assert TP0 not in w.worker._owned  # not reopened while the group rebalances
+    await w.worker.partitions_assigned({TP0})
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    await w.stop()
+
+
+async def test_a_fenced_partition_is_closed_never_reopened_and_the_worker_rejoins_its_group(
+    start_worker: Starter,
+) -> None:
+    """FENCED: closed, not opened again while assigned, and the consumer asked to rejoin (a new generation
+    assigns every partition anew: to its rightful owner, or back here after a fence by the broker's timeout)."""
+    w = await start_worker(assign={TP0}, logs=_logs(2))
+    rejoins: list[bool] = []
+    w.consumer._coordinator = SimpleNamespace(request_rejoin=lambda: rejoins.append(True))
+    w.run()
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
+    part.lifecycle.move(S.FENCED)
+    await eventually(lambda: rejoins == [True])
+    assert part.state is S.CLOSED
+    assert TP0 not in w.worker._owned
+    await asyncio.sleep(0.05)
+    assert TP0 not in w.worker._owned  # never reopened in place
+    await w.stop()
+
+
+async def test_the_loop_yields_every_cycle_so_a_commit_runs_while_records_wait(start_worker: Starter) -> None:
+    """A partition held at its bisecting limit with records queued: the loop still yields, so the due commit runs
+    (a fetch that does not wait never yields in aiokafka: the worker spun forever)."""
+    w = await start_worker(assign={TP0}, logs={TP0: []}, commit_policy="interval", commit_interval=60.0)
+    w.run()
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
+    part.poison.limit = 1  # as after a refusal: one record per transaction, up to offset 4
+    part.poison._until = 4
+    w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 4)))
+    await eventually(lambda: w.clients.producers.of(0).committed_offset() == 4, timeout=3.0)
+    await w.stop()
+
+
+async def test_a_partition_is_paused_by_the_bytes_it_has_queued_not_only_by_their_count(
+    start_worker: Starter,
+) -> None:
+    """Back-pressure counts bytes too: a few large records reaching --queue-bytes pause the partition while its
+    commit holds them, though their count is far below --poll-records."""
+    big = [record(i, key, value=body(key, pad=300_000)) for i, key in enumerate(keys_for(0, 6))]
+    w = await start_worker(assign={TP0}, logs={TP0: big}, queue_bytes=1024 * 1024, poll_records=1000)
+    w.run()
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
+    async with part.lock:  # as while a commit runs: what is fetched waits in the queue
+        await eventually(lambda: TP0 in w.consumer.paused and part.queue != [])
+        assert part.queued_bytes >= 1024 * 1024
+        assert len(part.queue) < 1000
+    await w.stop()

@@ -30,14 +30,15 @@ from pipeline import providers
 from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.errors import PartitionUnservedError, StoreError
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.state import directory
 from pipeline.state.decision import Entry, blake_fingerprint, normalised_fingerprint, volatile_pattern
+from pipeline.state.directory import store_path
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import opening as opening_module
-from pipeline.worker import partition as partition_module
 from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.opening import BACKOFF_FIRST, store_path
+from pipeline.worker.opening import BACKOFF_FIRST
 from pipeline.worker.partition import Partition
 
 from .fakes import (
@@ -515,13 +516,13 @@ async def test_an_unusable_state_dir_is_retried_until_open_timeout_then_the_part
     install(monkeypatch)
     part = make_partition(state_dir, open_timeout=1.0)
     attempts: list[float] = []
-    real_open_store = partition_module.open_store
+    real_open_store = directory.open_store
 
-    def counted(*args: Any) -> PartitionStore:
+    def counted(*args: Any, **kwargs: Any) -> PartitionStore:
         attempts.append(time.monotonic())
-        return real_open_store(*args)
+        return real_open_store(*args, **kwargs)
 
-    monkeypatch.setattr(partition_module, "open_store", counted)
+    monkeypatch.setattr(directory, "open_store", counted)
 
     began = time.monotonic()
     with pytest.raises(PartitionUnservedError, match="cannot be served"):
@@ -551,7 +552,8 @@ async def test_a_failing_producer_start_is_retried_and_a_new_producer_made_each_
     assert part.state is S.READY
     assert len(made) == 2
     assert made[0].stopped  # the failed one was stopped, not leaked
-    assert part.producer is made[1]
+    assert part.producer is not None
+    assert part.producer.client is made[1]
     await part.close(commit=False)
 
 

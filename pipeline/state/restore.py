@@ -3,54 +3,72 @@
 The fast path. aiokafka's consumer turns every record into a
 ``ConsumerRecord`` in Python, which alone caps a process at about 300,000
 records/s; a restore needs only key, value, offset and timestamp. So the
-restore consumer (``restore_consumer``: its connection settings, fetch sizes
-and ``end_offsets``) is never assigned the partition; instead its client
-sends the fetch requests and the fetched record batches are read as they are
-(aiokafka's C record reader), with the read_committed rules applied here:
-control batches skipped, batches of aborted transactions dropped.
+changelog is read with raw fetches (:class:`~pipeline.kafka.changelog.ChangelogReader`)
+and the fetched record batches are read as they are (aiokafka's C record
+reader), with the read_committed rules applied here: control batches skipped,
+batches of aborted transactions dropped.
 
 Records are written undecoded (``PartitionStore.write_raw``) in batches of up
 to :data:`WRITE_RECORDS`, each carrying the offset it reaches, so an
 interrupted restore resumes there. The only thing read out of an entry is its
 ``expires_at`` (which bucket it goes to), found by a scan for ``"x":`` rather
-than a JSON decode. The worker restores all its partitions at once
-(``asyncio.gather``), one consumer each.
+than a JSON decode.
+
+The store is a cache of its changelog: a store whose position lies beyond the
+changelog's end caches another log (:class:`~pipeline.errors.StoreStaleError`;
+the caller rebuilds it). Restores share a :class:`RestoreBudget` in bytes, so a
+worker given many partitions at once does not fetch for all of them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import (
-    CorruptRecordException,
-    KafkaError,
-    NotLeaderForPartitionError,
-    OffsetOutOfRangeError,
-    for_code,
-)
-from aiokafka.protocol.fetch import FetchRequest
+from aiokafka import TopicPartition
+from aiokafka.errors import CorruptRecordException, KafkaError, OffsetOutOfRangeError
 from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 from aiokafka.record.memory_records import MemoryRecords
 from prometheus_client import Gauge
 
-from pipeline.errors import BrokerUnavailableError
-from pipeline.kafka.clients import restore_consumer
+from pipeline.errors import BrokerUnavailableError, StoreStaleError
+from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
 
 log = logging.getLogger(__name__)
 
 WRITE_RECORDS = 20_000  # records per WriteBatch: larger ones stall on RocksDB's memtable flushes
-READ_COMMITTED = 1
-FETCH_WAIT_MS = 200
 RETRIES = 10  # fetches in a row that may fail (leader moves, connection drops) before giving up
 RETRY_BACKOFF = 0.5
 _EXPIRES = b'"x":'
+
+
+class RestoreBudget:
+    """The bytes all of a worker's restores may fetch at once; each restore holds its fetch size."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total = total_bytes
+        self._free = total_bytes
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        """Wait until ``size`` bytes (at most the whole budget) are free, and hold them."""
+        size = min(size, self.total)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._free >= size)
+            self._free -= size
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._free += size
+                self._changed.notify_all()
 
 
 def expires_at(value: bytes) -> int:
@@ -76,29 +94,38 @@ async def restore(
     fetch_bytes: int = 32 * 1024 * 1024,
     progress_every: float = 5.0,
     remaining: Gauge | None = None,
+    budget: RestoreBudget | None = None,
 ) -> int:
     """Replay ``changelog`` from the store's offset to its end; return the records applied.
 
     ``remaining`` is an already labelled Gauge child, set to the records left
     (0 at the end). Progress goes to the log every ``progress_every`` seconds
     with the rate and an ETA. Tombstones and key-less records are skipped.
-    Raises :class:`BrokerUnavailableError` when the broker cannot be reached.
+    Raises :class:`BrokerUnavailableError` when the broker cannot be reached,
+    and :class:`StoreStaleError` when the store is ahead of the changelog.
     """
-    consumer = restore_consumer(bootstrap, fetch_bytes=fetch_bytes)
-    try:
-        await consumer.start()
-        end = (await consumer.end_offsets([changelog]))[changelog]  # the last stable offset
-        start = store.changelog_offset + 1
-        if start >= end:
-            if remaining is not None:
-                remaining.set(0)
-            return 0
-        replay = _Replay(store, consumer, changelog, fetch_bytes, start, end)
-        applied = await replay.run(progress_every, remaining)
-    except KafkaError as exc:
-        raise BrokerUnavailableError(f"restore {changelog}: {exc!r}") from exc
-    finally:
-        await consumer.stop()
+    holding = budget.hold(fetch_bytes) if budget is not None else contextlib.nullcontext()
+    async with holding:
+        reader = ChangelogReader(bootstrap, fetch_bytes=fetch_bytes)
+        try:
+            await reader.start()
+            end = await reader.end(changelog)  # the last stable offset
+            start = store.changelog_offset + 1
+            if start > end:
+                raise StoreStaleError(
+                    f"store {store.path} is at changelog offset {start - 1}, beyond the end of "
+                    f"{changelog.topic}-{changelog.partition} ({end}): it caches another log"
+                )
+            if start == end:
+                if remaining is not None:
+                    remaining.set(0)
+                return 0
+            replay = _Replay(store, reader, changelog, start, end)
+            applied = await replay.run(progress_every, remaining)
+        except KafkaError as exc:
+            raise BrokerUnavailableError(f"restore {changelog}: {exc!r}") from exc
+        finally:
+            await reader.stop()
     store.expire()
     if remaining is not None:
         remaining.set(0)
@@ -109,20 +136,11 @@ class _Replay:
     """One partition's replay: raw fetches, read_committed filtering, batched raw writes."""
 
     def __init__(
-        self,
-        store: PartitionStore,
-        consumer: AIOKafkaConsumer,
-        changelog: TopicPartition,
-        fetch_bytes: int,
-        start: int,
-        end: int,
+        self, store: PartitionStore, reader: ChangelogReader, changelog: TopicPartition, start: int, end: int
     ) -> None:
         self.store = store
-        self.consumer = consumer
-        self.client: Any = consumer._client  # the consumer's connections; its own fetcher stays idle
+        self.reader = reader
         self.changelog = changelog
-        self.fetch_bytes = fetch_bytes
-        self.partition_bytes = min(fetch_bytes, 16 * 1024 * 1024)  # as restore_consumer
         self.start = start
         self.end = end
         self.position = start  # the next offset to fetch
@@ -133,7 +151,7 @@ class _Replay:
         total = end - start
         applied = 0
         started = last_report = time.monotonic()
-        log.info("restore %s: replaying offsets %s..%s (%s records)", changelog, start, end - 1, total)
+        log.info("restore %s: reading offsets %s..%s", changelog, start, end - 1)
         failures = 0
         while self.position < end:
             try:
@@ -144,7 +162,7 @@ class _Replay:
                     raise
                 log.warning("restore %s: fetch failed (%r); retrying", changelog, exc)
                 await asyncio.sleep(RETRY_BACKOFF)
-                await self.client.force_metadata_update()
+                await self.reader.refresh()
                 continue
             failures = 0
             if fetched is None:
@@ -158,7 +176,7 @@ class _Replay:
                 last_report = now
                 rate = applied / max(now - started, 1e-6)
                 log.info(
-                    "restore %s: %s/%s records, %.0f records/s, ETA %.0fs",
+                    "restore %s: %s/%s offsets, %.0f records/s, ETA %.0fs",
                     changelog,
                     self.position - start,
                     total,
@@ -166,46 +184,37 @@ class _Replay:
                     left / max(rate, 1e-6),
                 )
         elapsed = time.monotonic() - started
-        log.info("restore %s: done, %s records in %.1fs", changelog, applied, elapsed)
+        log.info(
+            "restore %s: done in %.1fs: %s records applied from offsets %s..%s "
+            "(the others were transaction markers or aborted)",
+            changelog,
+            elapsed,
+            applied,
+            start,
+            end - 1,
+        )
         return applied
 
     async def _fetch(self) -> tuple[MemoryRecords, list[tuple[int, int]]] | None:
-        """One fetch from the partition's leader: its records and aborted transactions, or None."""
+        """One fetch: its records and aborted transactions, or None."""
         tp = self.changelog
-        leader = self.client.cluster.leader_for_partition(tp)
-        if leader is None or leader == -1:
-            await self.client.add_topic(tp.topic)
-            leader = self.client.cluster.leader_for_partition(tp)
-            if leader is None or leader == -1:
-                raise NotLeaderForPartitionError(f"no leader for {tp}")
-        request = FetchRequest(
-            FETCH_WAIT_MS,
-            1,
-            self.fetch_bytes,
-            READ_COMMITTED,
-            [(tp.topic, [(tp.partition, self.position, self.partition_bytes)])],
-        )
-        response = await self.client.send(leader, request)
-        for _topic, partitions in response.topics:
-            for partition, error_code, _highwater, *data in partitions:
-                if partition != tp.partition:
-                    continue
-                error = for_code(error_code)
-                if error is OffsetOutOfRangeError:
-                    await self._skip_to_log_start()
-                    return None
-                if error_code != 0:
-                    raise error(f"fetch {tp} at {self.position}")
-                # v4-v10: [lso, (log_start,) aborted, records]; v11: [lso, log_start, aborted, replica, records]
-                aborted = data[2] if response.API_VERSION >= 11 else data[-2]
-                return MemoryRecords(data[-1]), sorted(aborted or [], key=lambda pair: pair[1])
-        return None
+        fetched = await self.reader.fetch(tp, self.position)
+        if fetched.error is OffsetOutOfRangeError:
+            await self._skip_to_log_start()
+            return None
+        if fetched.error is not None:
+            raise fetched.error(f"fetch {tp} at {self.position}")
+        if fetched.records is None:
+            return None
+        return fetched.records, fetched.aborted
 
     async def _skip_to_log_start(self) -> None:
         """The stored offset fell out of the changelog's retention: start again at its first offset."""
-        first = (await self.consumer.beginning_offsets([self.changelog]))[self.changelog]
+        first = await self.reader.beginning(self.changelog)
         if first <= self.position:  # out of range past the end: the log was truncated under us
-            raise OffsetOutOfRangeError(f"restore {self.changelog}: offset {self.position} is out of range")
+            raise StoreStaleError(
+                f"restore {self.changelog}: offset {self.position} is beyond the changelog's end"
+            )
         log.warning(
             "restore %s: offset %s is before the log start %s (retention); continuing there",
             self.changelog,

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from pipeline.state.decision import Entry
-from pipeline.worker.restore import expires_at
+from pipeline.state.restore import expires_at
 
 
 def test_expires_at_is_read_from_an_encoded_entry() -> None:

@@ -330,3 +330,34 @@ def test_write_raw_then_get_many_returns_the_newest_entry(store: PartitionStore)
     assert store.get_many([b"k"]) == {b"k": new}
     assert len(list(store.buckets())) == 2
     assert (store.changelog_offset, store.stream_time) == (1, 5)
+
+
+def test_a_failed_read_is_a_store_error_not_a_crash(tmp_path: Path) -> None:
+    """RocksDB failing a read (rocksdict raises a bare Exception) is a StoreError the partition can act on."""
+    store = PartitionStore.open(tmp_path / "r", bucket_ms=HOUR, identity=IDENTITY)
+    try:
+        store.write({b"k": Change.of(Entry(1, HOUR, 0, 1))}, changelog_offset=1, stream_time=1)
+
+        class Failing:
+            def get(self, *_: object) -> object:
+                raise Exception("IO error: while reading")
+
+        store._buckets = {b: Failing() for b in store._buckets}  # type: ignore[misc]
+        with pytest.raises(StoreError, match="IO error"):
+            store.get_many([b"k"])
+    finally:
+        store._buckets = {}
+        store.close()
+
+
+def test_an_entry_that_cannot_be_decoded_is_corruption(tmp_path: Path) -> None:
+    """A value that is not an entry makes get_many raise StoreCorruptError (the partition wipes and restores)."""
+    store = PartitionStore.open(tmp_path / "c", bucket_ms=HOUR, identity=IDENTITY)
+    try:
+        store.write({b"k": Change.of(Entry(1, HOUR, 0, 1))}, changelog_offset=1, stream_time=1)
+        [bucket] = list(store.buckets())
+        store._buckets[bucket][b"k"] = b"garbage"
+        with pytest.raises(StoreCorruptError):
+            store.get_many([b"k"])
+    finally:
+        store.close()

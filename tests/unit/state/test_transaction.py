@@ -11,8 +11,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
 
 from pipeline.errors import RecordTooLargeError, StoreError
+from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import PartitionTransaction, TransactionFailedError
@@ -35,6 +37,8 @@ class StandInProducer:
         self.calls: list[str] = []
         self.sent: list[tuple[str, int, int]] = []  # topic, partition, records
         self.store_had_key_at_commit: bool | None = None
+        self.sizes: list[int] = []  # of every batch sent, in bytes
+        self.records: dict[str, list[tuple[bytes | None, int, list[Any]]]] = {}  # key, timestamp, headers
 
     def create_batch(self) -> BatchBuilder:
         return BatchBuilder(1024 * 1024, 0, is_transactional=True, key_serializer=None, value_serializer=None)
@@ -44,7 +48,10 @@ class StandInProducer:
 
     async def send_batch(self, batch: BatchBuilder, topic: str, *, partition: int) -> asyncio.Future[Any]:
         batch.close()
-        batch._builder.build()  # the encoding a real send does: fails on a bad record
+        built = bytes(batch._builder.build())  # the encoding a real send does: fails on a bad record
+        self.sizes.append(len(built))
+        for r in MemoryRecords(built).next_batch() or []:
+            self.records.setdefault(topic, []).append((r.key, r.timestamp, list(r.headers)))
         self.sent.append((topic, partition, batch.record_count()))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(_Sent(100))
@@ -70,9 +77,14 @@ def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened.close()
 
 
-def _checkpoint(producer: StandInProducer, store: PartitionStore) -> PartitionTransaction:
+def _checkpoint(producer: StandInProducer, store: PartitionStore, **options: Any) -> PartitionTransaction:
     return PartitionTransaction(
-        tp=TopicPartition("raw", 0), group="g", producer=producer, store=store, changelog=CHANGELOG
+        tp=TopicPartition("raw", 0),
+        group="g",
+        producer=TransactionalProducer(producer, "raw-0"),  # type: ignore[arg-type]
+        store=store,
+        changelog=CHANGELOG,
+        **options,
     )
 
 
@@ -80,7 +92,7 @@ def _stage_one(ckpt: PartitionTransaction) -> Entry:
     entry = Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41)
     ckpt.stage(b"k", entry, None, timestamp=1)
     ckpt.emit("commands", 2, key=b"k", value=b"{}", timestamp=1, headers=[("h", b"v"), ("empty", None)])
-    ckpt.consumed(41, 1)
+    ckpt.consumed(41)
     return entry
 
 
@@ -129,7 +141,7 @@ async def test_staging_a_key_emits_its_changelog_record(store: PartitionStore) -
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     ckpt.stage(b"k", Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41), None, timestamp=1)
-    ckpt.consumed(41, 1)
+    ckpt.consumed(41)
     await ckpt.commit()
     assert producer.sent == [("changelog", 0, 1)]
 
@@ -139,27 +151,24 @@ async def test_a_record_larger_than_its_topic_takes_is_refused_before_it_is_appe
 ) -> None:
     """emit() checks the topic's limit first: nothing is appended, and the caller sends something smaller."""
     producer = StandInProducer(store)
-    ckpt = PartitionTransaction(
-        tp=TopicPartition("raw", 0),
-        group="g",
-        producer=producer,
-        store=store,
-        changelog=CHANGELOG,
+    ckpt = _checkpoint(
+        producer,
+        store,
         limits={"commands": 4096},
     )
     await ckpt.begin()
     assert ckpt.fits("commands", b"k", b"x" * 100)
     with pytest.raises(RecordTooLargeError):
         ckpt.emit("commands", 0, key=b"k", value=b"x" * 5000, timestamp=1)
-    ckpt.consumed(1, 1)
+    ckpt.consumed(1)
     await ckpt.commit()
     assert producer.sent == []
 
 
-async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_marks_it_broken(
+async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_raises(
     store: PartitionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kafka committed but RocksDB refused: StoreError, no open transaction left, and the partition must reopen."""
+    """Kafka committed but RocksDB refused: StoreError (the partition reopens), no open transaction left."""
     producer = StandInProducer(store)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
@@ -173,5 +182,47 @@ async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_mar
         await ckpt.commit()
     assert producer.calls[-1] == "commit"
     assert not ckpt.in_transaction
-    assert ckpt.broken
     assert store.changelog_offset == -1
+
+
+async def test_a_batch_is_never_larger_than_its_topic_takes(store: PartitionStore) -> None:
+    """Records that each fit a small topic are sent in batches that fit it too (the broker refuses a larger
+    batch whole, whatever its records): a 4 KiB topic gets several batches, none over 4 KiB."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(
+        producer,
+        store,
+        limits={"commands": 4096},
+    )
+    await ckpt.begin()
+    for i in range(40):
+        ckpt.emit("commands", 0, key=b"k%d" % i, value=b"x" * 500, timestamp=1)
+    ckpt.consumed(1)
+    await ckpt.commit()
+    batches = [count for topic, _, count in producer.sent if topic == "commands"]
+    assert sum(batches) == 40
+    assert len(batches) >= 5
+    assert all(size <= 4096 for size in producer.sizes)
+
+
+async def test_an_output_its_topic_would_refuse_for_its_timestamp_is_stamped_now(
+    store: PartitionStore,
+) -> None:
+    """A topic taking records at most an hour ahead: a record dated a day ahead is stamped now, the original kept."""
+    producer = StandInProducer(store)
+    now = 1_800_000_000_000
+    ckpt = _checkpoint(
+        producer,
+        store,
+        timestamps={"commands": (2**63 - 1, HOUR)},
+        wall=lambda: now / 1000,
+    )
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now + 24 * HOUR)
+    ckpt.emit("commands", 0, key=b"b", value=b"{}", timestamp=now + HOUR // 2)
+    ckpt.consumed(1)
+    await ckpt.commit()
+    stamped = producer.records["commands"]
+    assert [(key, ts) for key, ts, _ in stamped] == [(b"a", now), (b"b", now + HOUR // 2)]
+    assert stamped[0][2] == [("original-timestamp", str(now + 24 * HOUR).encode())]
+    assert stamped[1][2] == []

@@ -1,0 +1,52 @@
+"""Reading a changelog partition for a restore: its bounds, and raw read_committed fetches.
+
+The reader is a group-less read_committed consumer used only for its connections
+and its offset lookups; the fetches go through :func:`pipeline.kafka.internals.fetch_raw`.
+"""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.kafka import internals
+from pipeline.kafka.clients import restore_consumer
+
+
+class ChangelogReader:
+    """Bounds and raw fetches of changelog partitions (``async with``, or start/stop)."""
+
+    def __init__(self, bootstrap: str, *, fetch_bytes: int) -> None:
+        self.fetch_bytes = fetch_bytes
+        self.partition_bytes = min(fetch_bytes, 16 * 1024 * 1024)  # as restore_consumer
+        self._consumer: AIOKafkaConsumer = restore_consumer(bootstrap, fetch_bytes=fetch_bytes)
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def __aenter__(self) -> ChangelogReader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    async def end(self, tp: TopicPartition) -> int:
+        """The last stable offset: everything before it is committed or aborted."""
+        return int((await self._consumer.end_offsets([tp]))[tp])
+
+    async def beginning(self, tp: TopicPartition) -> int:
+        """The first offset retention left."""
+        return int((await self._consumer.beginning_offsets([tp]))[tp])
+
+    async def fetch(self, tp: TopicPartition, position: int) -> internals.RawFetch:
+        """One raw fetch from ``position``."""
+        return await internals.fetch_raw(
+            self._consumer, tp, position, fetch_bytes=self.fetch_bytes, partition_bytes=self.partition_bytes
+        )
+
+    async def refresh(self) -> None:
+        """Refresh the metadata (after a failed fetch: the leader may have moved)."""
+        await internals.force_metadata_update(self._consumer)

@@ -1,0 +1,292 @@
+"""The one door to aiokafka's private parts: every use of a name aiokafka does not publish.
+
+Each of these relies on how aiokafka 0.14 works inside, and each has a test in
+``tests/unit/kafka/test_internals.py`` that fails if that changes (the project pins
+aiokafka below 0.15). Nothing else in ``pipeline/`` touches a private aiokafka name;
+ruff's private-member rule keeps it that way.
+
+- :func:`shorten_concurrent_transactions_wait`: the module-level wait of aiokafka's
+  sender before it asks again to add a partition to a transaction.
+- :func:`sender_failure`: why a producer's background sender stopped (a producer whose
+  sender stopped can send nothing more: aiokafka's transaction state machine then
+  answers ``begin`` and ``abort`` with ``AssertionError``).
+- :func:`abort_would_be_local`: whether aiokafka forgot what its open transaction
+  holds (it does after an authorization error) and would "abort" it without telling
+  the broker, which would then commit those records with the next transaction.
+- :func:`stop_consumer`: stop a consumer whose fetcher lets a ``CancelledError`` out.
+- :func:`request_rejoin`: make the group consumer rejoin its group at once.
+- :func:`fetch_raw`: one raw fetch of a partition through a consumer's connections,
+  the records left undecoded (the restore's fast path).
+- :func:`batch_builder`: a record batch capped at a topic's own size limit.
+- :func:`admin_request` and :class:`MetadataRequest`: requests aiokafka's admin client
+  has no call for, among them Metadata v12 for the cluster id and the topic ids, which
+  aiokafka's own request (v5 at most) does not carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import NotLeaderForPartitionError, for_code
+from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.producer.transaction_manager import TransactionState
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.types import (
+    AbstractType,
+    Boolean,
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Schema,
+    TaggedFields,
+)
+from aiokafka.record.memory_records import MemoryRecords
+
+READ_COMMITTED = 1
+FETCH_WAIT_MS = 200
+
+
+def shorten_concurrent_transactions_wait(seconds: float) -> None:
+    """Set how long aiokafka's sender waits before it asks again to add a partition to a
+    transaction while the previous transaction's markers are still being written
+    (CONCURRENT_TRANSACTIONS): ``aiokafka.producer.sender.BACKOFF_OVERRIDE``, 20 ms by default."""
+    aiokafka_sender.BACKOFF_OVERRIDE = seconds
+
+
+def sender_task(producer: AIOKafkaProducer) -> asyncio.Task[Any] | None:
+    """The producer's background sender task (None before start)."""
+    sender: Any = getattr(producer, "_sender", None)
+    task = getattr(sender, "sender_task", None)
+    return task if isinstance(task, asyncio.Task) else None
+
+
+def sender_failure(producer: AIOKafkaProducer) -> BaseException | None:
+    """What the producer's sender died of, or None while it runs (or stopped cleanly)."""
+    task = sender_task(producer)
+    if task is None or not task.done() or task.cancelled():
+        return None
+    return task.exception()
+
+
+def sender_dead(producer: AIOKafkaProducer) -> bool:
+    """Whether the producer's sender task has ended (the producer can send nothing more)."""
+    task = sender_task(producer)
+    return task is not None and task.done()
+
+
+def abort_would_be_local(producer: AIOKafkaProducer) -> bool:
+    """Whether aiokafka would end its open transaction without an EndTxn to the broker.
+
+    After an abortable error (an authorization failure on a partition or the group),
+    aiokafka's transaction manager clears the partitions and the group it added, then
+    treats the transaction as empty: ``abort_transaction`` completes locally and the
+    broker's transaction stays open with the records already sent, which the next
+    commit of the same producer would commit. Such a producer must be replaced
+    (starting a new one with the transactional id aborts the broker's transaction).
+    """
+    manager: Any = getattr(producer, "_txn_manager", None)
+    if manager is None:
+        return False
+    return bool(manager.state == TransactionState.ABORTABLE_ERROR and manager.is_empty_transaction())
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop ``consumer``, even when aiokafka's fetcher raises ``CancelledError`` out of ``stop()``.
+
+    aiokafka's ``Fetcher.close`` cancels its pending fetch tasks and awaits them; one that
+    is sleeping its retry backoff after a failed fetch (the broker is away) lets that
+    ``CancelledError`` out, and ``consumer.stop()`` raises it although nobody cancelled the
+    caller. The consumer is closed by then; only a cancellation of the caller itself goes on.
+    """
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+
+
+def request_rejoin(consumer: AIOKafkaConsumer) -> None:
+    """Make the group consumer rejoin its group (a new generation: every member's
+    partitions are revoked and assigned again), as Kafka Streams does on a fenced task."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    if coordinator is not None:
+        coordinator.request_rejoin()
+
+
+@dataclass(frozen=True, slots=True)
+class RawFetch:
+    """One partition's answer to a raw fetch."""
+
+    records: MemoryRecords | None  # None: nothing at this position
+    aborted: list[tuple[int, int]]  # (producer id, first offset) of aborted transactions, oldest first
+    error: type[Exception] | None  # the partition's error class, if any
+
+
+async def fetch_raw(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, position: int, *, fetch_bytes: int, partition_bytes: int
+) -> RawFetch:
+    """Fetch ``tp`` from ``position`` (read_committed) through ``consumer``'s own connections.
+
+    The consumer is never assigned ``tp``: its fetcher stays idle, and the record
+    batches come back as bytes for aiokafka's C reader, not as ``ConsumerRecord`` objects.
+    """
+    client: Any = consumer._client
+    leader = client.cluster.leader_for_partition(tp)
+    if leader is None or leader == -1:
+        await client.add_topic(tp.topic)
+        leader = client.cluster.leader_for_partition(tp)
+        if leader is None or leader == -1:
+            raise NotLeaderForPartitionError(f"no leader for {tp}")
+    request = FetchRequest(
+        FETCH_WAIT_MS,
+        1,
+        fetch_bytes,
+        READ_COMMITTED,
+        [(tp.topic, [(tp.partition, position, partition_bytes)])],
+    )
+    response = await client.send(leader, request)
+    for _topic, partitions in response.topics:
+        for partition, error_code, _highwater, *data in partitions:
+            if partition != tp.partition:
+                continue
+            if error_code != 0:
+                return RawFetch(None, [], for_code(error_code))
+            # v4-v10: [lso, (log_start,) aborted, records]; v11: [lso, log_start, aborted, replica, records]
+            aborted = data[2] if response.API_VERSION >= 11 else data[-2]
+            return RawFetch(MemoryRecords(data[-1]), sorted(aborted or [], key=lambda pair: pair[1]), None)
+    return RawFetch(None, [], None)
+
+
+async def force_metadata_update(consumer: AIOKafkaConsumer) -> None:
+    """Refresh the consumer's cluster metadata (after a fetch failed: the leader may have moved)."""
+    client: Any = consumer._client
+    await client.force_metadata_update()
+
+
+# -- Metadata v12: the cluster id and topic ids -----------------------------------------------------
+
+
+class _Uuid(AbstractType[uuid.UUID]):  # type: ignore[misc]  # aiokafka is untyped
+    """Kafka's UUID type: 16 bytes."""
+
+    @classmethod
+    def encode(cls, value: uuid.UUID) -> bytes:
+        return value.bytes
+
+    @classmethod
+    def decode(cls, data: BytesIO) -> uuid.UUID:
+        raw = data.read(16)
+        if len(raw) != 16:
+            raise ValueError("Buffer underrun decoding a UUID")
+        return uuid.UUID(bytes=raw)
+
+
+_NAME = CompactString("utf-8")
+
+
+class MetadataResponseV12(Response):  # type: ignore[misc]  # aiokafka is untyped
+    API_KEY = 3
+    API_VERSION = 12
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "brokers",
+            CompactArray(
+                ("node_id", Int32),
+                ("host", _NAME),
+                ("port", Int32),
+                ("rack", _NAME),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("cluster_id", _NAME),
+        ("controller_id", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("error_code", Int16),
+                ("name", _NAME),
+                ("topic_id", _Uuid),
+                ("is_internal", Boolean),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("error_code", Int16),
+                        ("partition_index", Int32),
+                        ("leader_id", Int32),
+                        ("leader_epoch", Int32),
+                        ("replica_nodes", CompactArray(Int32)),
+                        ("isr_nodes", CompactArray(Int32)),
+                        ("offline_replicas", CompactArray(Int32)),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("topic_authorized_operations", Int32),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class MetadataRequestV12(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
+    FLEXIBLE_VERSION = True
+    API_KEY = 3
+    API_VERSION = 12
+    RESPONSE_TYPE = MetadataResponseV12
+    SCHEMA = Schema(
+        ("topics", CompactArray(("topic_id", _Uuid), ("name", _NAME), ("tags", TaggedFields))),
+        ("allow_auto_topic_creation", Boolean),
+        ("include_topic_authorized_operations", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class MetadataRequest(Request[MetadataRequestV12]):  # type: ignore[misc]  # aiokafka is untyped
+    """Metadata of ``topics`` (v12): with the cluster id and each topic's id."""
+
+    API_KEY = 3
+
+    def __init__(self, topics: list[str]) -> None:
+        self._topics = topics
+
+    def build(self, request_struct_class: type[MetadataRequestV12]) -> MetadataRequestV12:
+        """The request as the v12 struct."""
+        zero = uuid.UUID(int=0)
+        return request_struct_class([(zero, name, {}) for name in self._topics], False, False, {})
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterIds:
+    """The cluster's id and the id of each topic asked for that exists (a topic deleted and created
+    again under its name has a new id)."""
+
+    cluster: str
+    topics: dict[str, str]
+
+
+async def cluster_ids(admin: Any, topics: list[str]) -> ClusterIds:
+    """Ask the broker, over an open admin client, for the cluster id and the ids of ``topics``."""
+    response: Any = await admin_request(admin, MetadataRequest(topics))
+    found = {name: str(topic_id) for error, name, topic_id, *_ in response.topics if error == 0}
+    return ClusterIds(str(response.cluster_id or ""), found)
+
+
+async def admin_request(admin: Any, request: Any) -> Any:
+    """Send a request aiokafka's admin client has no call for, as its own calls send theirs."""
+    return await admin._send_request(request)
+
+
+def batch_builder(size: int) -> BatchBuilder:
+    """An empty transactional record batch of at most ``size`` bytes (``producer.create_batch()``
+    has only the producer's one ``max_batch_size``; a topic's ``max.message.bytes`` may be smaller)."""
+    return BatchBuilder(size, 0, is_transactional=True, key_serializer=None, value_serializer=None)

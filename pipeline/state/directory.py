@@ -1,0 +1,65 @@
+"""Where a partition's store lives, and opening it: the store is a cache of its changelog.
+
+A store that cannot be read, that predates what this version keeps, or that
+caches another changelog (:class:`~pipeline.errors.StoreStaleError`: the
+topics were deleted and created again, another cluster, a position beyond the
+changelog's end) is wiped and rebuilt from the changelog, with one WARNING line
+saying why. A store under another name (another app, group, topic or partition)
+is someone else's and is never touched (:class:`~pipeline.errors.StoreIdentityError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Protocol
+
+from aiokafka import TopicPartition
+
+from pipeline.errors import StoreCorruptError
+from pipeline.state.store import PartitionStore, bucket_width
+from pipeline.state.store_meta import StoreIdentity
+from pipeline.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class StoreOpener(Protocol):
+    """Opens (or creates) the store at ``path`` (``PartitionStore.open``; the simulation passes its own)."""
+
+    def __call__(
+        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None
+    ) -> PartitionStore: ...
+
+
+def store_path(state_dir: Path, topology: Topology, group: str, tp: TopicPartition) -> Path:
+    """Where a partition's store lives: namespaced by app and group, so pipelines never share one."""
+    return Path(state_dir) / topology.app / group / f"{tp.topic}-{tp.partition}"
+
+
+def topology_bucket_ms(topology: Topology) -> int:
+    """The bucket width of every store of ``topology``."""
+    return bucket_width(int(topology.max_ttl.total_seconds() * 1000))
+
+
+def open_store(
+    path: Path, *, bucket_ms: int, identity: StoreIdentity, opener: StoreOpener = PartitionStore.open
+) -> PartitionStore:
+    """Open the store at ``path``, checking it is ``identity``'s; a corrupt or stale one is rebuilt."""
+    try:
+        return opener(path, bucket_ms=bucket_ms, identity=identity)
+    except StoreCorruptError as exc:
+        log.warning("%s; wiping it and restoring from the changelog", exc)
+        PartitionStore.wipe(path)  # StoreUnusableError when even that fails
+        return opener(path, bucket_ms=bucket_ms, identity=identity)
+
+
+def rebuild(
+    store: PartitionStore, *, identity: StoreIdentity, why: str, opener: StoreOpener = PartitionStore.open
+) -> PartitionStore:
+    """Close ``store``, wipe it and open it empty (to restore from the changelog's start); ``why`` names the store."""
+    log.warning("%s; wiping it and restoring from the changelog", why)
+    path, bucket_ms = store.path, store.bucket_ms
+    store.close()
+    PartitionStore.wipe(path)
+    return opener(path, bucket_ms=bucket_ms, identity=identity)

@@ -1,0 +1,118 @@
+"""Opening a partition's store: the store is a cache of one changelog, and a stale one is rebuilt, never trusted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import StoreIdentityError
+from pipeline.state import directory
+from pipeline.state.decision import Entry
+from pipeline.state.restore import RestoreBudget
+from pipeline.state.store import Change, PartitionStore
+from pipeline.state.store_meta import StoreIdentity
+
+HOUR = 3_600_000
+OURS = StoreIdentity("app", "group", "raw", 0, "changelog", "cluster-a", "topic-1")
+
+
+def _claimed_store(path: Path, identity: StoreIdentity) -> None:
+    store = PartitionStore.open(path, bucket_ms=HOUR, identity=identity)
+    try:
+        entry = Entry(first_seen=1, expires_at=HOUR, partition=0, offset=5)
+        store.write({b"k": Change.of(entry)}, changelog_offset=7, stream_time=1)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        OURS._replace(cluster="cluster-b"),  # the worker now points at another cluster
+        OURS._replace(changelog_id="topic-2"),  # the topics were deleted and created again
+        OURS._replace(cluster="", changelog_id=""),  # written before stores kept ids
+    ],
+    ids=["other-cluster", "recreated-changelog", "no-ids"],
+)
+def test_a_store_of_another_changelog_is_wiped_and_rebuilt_with_one_warning(
+    tmp_path: Path, theirs: StoreIdentity, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same names, another changelog: the store is wiped (its claims would suppress real first deliveries)."""
+    path = tmp_path / "s"
+    _claimed_store(path, theirs)
+    with caplog.at_level(logging.WARNING):
+        store = directory.open_store(path, bucket_ms=HOUR, identity=OURS)
+    try:
+        assert store.get_many([b"k"]) == {}
+        assert store.changelog_offset == -1
+    finally:
+        store.close()
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "wiping it and restoring from the changelog" in caplog.text
+
+
+def test_a_store_of_this_changelog_is_kept(tmp_path: Path) -> None:
+    """The same names and ids: the store opens with what it holds."""
+    path = tmp_path / "s"
+    _claimed_store(path, OURS)
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS)
+    try:
+        assert set(store.get_many([b"k"])) == {b"k"}
+        assert store.changelog_offset == 7
+    finally:
+        store.close()
+
+
+def test_a_store_under_another_name_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """Another partition's store in this place is a misconfiguration: refused, never wiped."""
+    path = tmp_path / "s"
+    _claimed_store(path, OURS._replace(partition=1))
+    with pytest.raises(StoreIdentityError):
+        directory.open_store(path, bucket_ms=HOUR, identity=OURS)
+    PartitionStore.open(path, bucket_ms=HOUR, identity=OURS._replace(partition=1)).close()  # still there
+
+
+def test_rebuild_empties_the_store_it_is_given(tmp_path: Path) -> None:
+    """A store found ahead of its changelog (by the restore) is rebuilt empty, to restore from the start."""
+    path = tmp_path / "s"
+    _claimed_store(path, OURS)
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS)
+    fresh = directory.rebuild(store, identity=OURS, why="store s is at offset 7, beyond the end (0)")
+    try:
+        assert fresh.changelog_offset == -1
+        assert fresh.get_many([b"k"]) == {}
+    finally:
+        fresh.close()
+
+
+async def test_restores_share_a_budget_in_bytes() -> None:
+    """With a 64-byte budget and 32-byte fetches, two restores run at once and the third waits for one to end."""
+    budget = RestoreBudget(64)
+    running: list[int] = []
+    peak = 0
+    release = asyncio.Event()
+
+    async def restore(i: int) -> None:
+        nonlocal peak
+        async with budget.hold(32):
+            running.append(i)
+            peak = max(peak, len(running))
+            await release.wait()
+            running.remove(i)
+
+    tasks = [asyncio.ensure_future(restore(i)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    assert len(running) == 2
+    release.set()
+    await asyncio.gather(*tasks)
+    assert peak == 2
+
+
+async def test_a_fetch_larger_than_the_whole_budget_still_runs_alone() -> None:
+    """A restore whose fetch size exceeds the budget holds all of it rather than waiting forever."""
+    budget = RestoreBudget(64)
+    async with budget.hold(1000):
+        pass

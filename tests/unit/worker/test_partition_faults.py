@@ -1,0 +1,198 @@
+"""A partition under the faults the simulation found: refused timestamps, a refused DLQ, fences mid-batch, bad reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import InvalidTimestampError, MessageSizeTooLargeError, ProducerFenced
+
+from pipeline.contract import ORIGINAL_TIMESTAMP_HEADER
+from pipeline.errors import PartitionUnservedError
+from pipeline.worker.lifecycle import PartitionState
+
+from .fakes import (
+    TOPICS,
+    Harness,
+    ProducerFactory,
+    Sent,
+    install,
+    keys_for,
+    make_partition,
+    record,
+    records,
+)
+
+S = PartitionState
+K = keys_for(0, 12)
+Opener = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
+    """Open partition 0 for real (store in tmp_path) over FakeProducers sharing one broker view."""
+
+    async def make(**overrides: Any) -> Harness:
+        producers = ProducerFactory()
+        install(monkeypatch, producers=producers)
+        seeks: list[tuple[TopicPartition, int]] = []
+        part = make_partition(tmp_path, seeks=seeks, **overrides)
+        await part.open()
+        return Harness(part, producers.of(0), seeks)
+
+    return make
+
+
+async def _drive(h: Harness, batch: list[Any], *, rounds: int = 30) -> None:
+    """Handle and commit ``batch`` as the loop does, following every rewind, until all of it is committed."""
+    position, end = batch[0].offset, batch[-1].offset + 1
+    for _ in range(rounds):
+        assert h.part.state is S.READY, h.part.state
+        seeks = len(h.seeks)
+        fetched = [r for r in batch if r.offset >= position]
+        position = end
+        if fetched:
+            h.part.feed(fetched)
+        await h.part.work()
+        if len(h.seeks) == seeks:
+            await h.part.commit()
+        if len(h.seeks) > seeks:
+            position = h.seeks[-1][1]
+        elif not h.part.queue and h.producer.committed_offset() == end:
+            return
+    raise AssertionError(f"not committed in {rounds} rounds: {h.producer.calls[-12:]}")
+
+
+def _refuse_timestamps_after(limit_ms: int) -> Callable[[list[Sent]], BaseException | None]:
+    """A topic with message.timestamp.after.max.ms: any batch holding a record dated past ``limit_ms`` is refused."""
+
+    def refuse(sent: list[Sent]) -> BaseException | None:
+        return InvalidTimestampError() if any(s.timestamp > limit_ms for s in sent) else None
+
+    return refuse
+
+
+async def test_a_record_whose_outputs_are_refused_for_their_timestamp_is_redone_stamped_now(
+    open_partition: Opener,
+) -> None:
+    """Outputs refused for a timestamp far ahead: the record alone is redone with its outputs stamped with the
+    current time (the original kept in a header); its key gets its command; nothing loops, nothing goes to the DLQ."""
+    h = await open_partition()
+    now_ms = int(time.time() * 1000)
+    ahead = now_ms + 60 * 86_400_000
+    h.producer.fail_send_if = _refuse_timestamps_after(now_ms + 3_600_000)
+    batch = [record(10, K[0]), record(11, K[1], timestamp=ahead), record(12, K[2])]
+    await _drive(h, batch)
+    commands = h.producer.committed_to(TOPICS.commands)
+    assert sorted(s.json()["key"] for s in commands) == sorted(K[:3])
+    restamped = [s for s in commands if s.key == K[1].encode()]
+    assert restamped[0].timestamp <= int(time.time() * 1000)
+    assert dict(restamped[0].headers)[ORIGINAL_TIMESTAMP_HEADER] == str(ahead).encode()
+    assert h.producer.dlq() == []
+    assert (
+        len(h.producer.made_after_start()) >= 1
+    )  # the refused batch broke the producer's sequence: replaced
+
+
+async def test_topics_bounds_known_at_start_stamp_outputs_now_without_a_refusal(
+    open_partition: Opener,
+) -> None:
+    """With the topics' timestamp bounds known, an output that would be refused is stamped now at once."""
+    h = await open_partition()
+    assert h.part.txn is not None
+    h.part.txn.timestamps = {TOPICS.commands: (2**63 - 1, 3_600_000)}
+    ahead = int(time.time() * 1000) + 60 * 86_400_000
+    await _drive(h, [record(10, K[0], timestamp=ahead)])
+    [command] = h.producer.committed_to(TOPICS.commands)
+    assert command.timestamp < ahead
+    assert dict(command.headers)[ORIGINAL_TIMESTAMP_HEADER] == str(ahead).encode()
+    assert "abort" not in h.producer.calls
+
+
+async def test_a_record_refused_even_stamped_now_goes_to_the_dlq_and_a_refused_dlq_stops_the_partition(
+    open_partition: Opener,
+) -> None:
+    """Refused whatever its timestamp: to the DLQ (unproducible); when the DLQ refuses it too, one line, no loop."""
+    h = await open_partition()
+
+    def refuse_everything_of(sent: list[Sent]) -> BaseException | None:
+        return MessageSizeTooLargeError() if any(s.key == K[1].encode() for s in sent) else None
+
+    h.producer.fail_send_if = refuse_everything_of
+    with pytest.raises(PartitionUnservedError, match="cannot be written even to the DLQ"):
+        await _drive(h, records(0, 10, K[:3]))
+
+
+async def test_a_fence_seen_while_aborting_makes_the_partition_fenced_not_broken(
+    open_partition: Opener,
+) -> None:
+    """A batch fails, and its abort finds the producer fenced: FENCED (dropped until assigned again), never
+    BROKEN (which would reopen it and fence the rightful owner)."""
+    h = await open_partition()
+    h.producer.fail["send"].append(MessageSizeTooLargeError())
+    h.producer.fail["abort"].append(ProducerFenced())
+    h.part.feed(records(0, 10, K[:2]))
+    await h.part.work()
+    await h.part.commit()
+    assert h.part.state is S.FENCED
+
+
+async def test_an_entry_the_store_cannot_read_breaks_the_partition_and_wipes_the_store(
+    open_partition: Opener,
+) -> None:
+    """A lookup that finds an undecodable entry: the batch is aborted, the partition BROKEN, its store wiped on close."""
+    h = await open_partition()
+    await _drive(h, [record(10, K[0])])
+    store = h.part.store
+    assert store is not None
+    [bucket] = list(store.buckets())
+    store._buckets[bucket][K[1].encode()] = b"not an entry"
+    h.part.feed([record(11, K[1])])
+    await h.part.work()
+    assert h.part.state is S.BROKEN
+    path = store.path
+    await h.part.close(commit=False)
+    assert not path.exists()  # restored from the changelog when the partition opens again
+
+
+async def test_a_failed_read_of_the_store_breaks_the_partition_instead_of_the_worker(
+    open_partition: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB failing a read (a disk error) aborts the batch and makes the partition BROKEN: reopened, not a crash."""
+    h = await open_partition()
+    await _drive(h, [record(10, K[0])])
+    store = h.part.store
+    assert store is not None
+
+    class Failing:
+        def get(self, *_: Any) -> Any:
+            raise Exception("IO error: read failed")
+
+    monkeypatch.setattr(store, "_buckets", {b: Failing() for b in store.buckets()})
+    h.part.feed([record(11, K[1])])
+    await h.part.work()
+    assert h.part.state is S.BROKEN
+    assert "abort" in h.producer.calls
+
+
+async def test_only_accepted_records_move_stream_time_and_never_past_the_skew_bound(
+    open_partition: Opener,
+) -> None:
+    """An invalid record dated far ahead moves nothing; a valid one dated far ahead moves stream time to the bound."""
+    h = await open_partition(max_clock_skew=3600.0)
+    ahead = int(time.time() * 1000) + 60 * 86_400_000
+    bad = record(10, None, value=b"not json", timestamp=ahead)
+    await _drive(h, [bad])
+    assert h.part.store is not None
+    before = h.part.store.stream_time
+    assert before < ahead - 86_400_000
+    began = int(time.time() * 1000)
+    await _drive(h, [record(11, K[0], timestamp=ahead)])
+    moved = h.part.store.stream_time
+    assert began + 3_600_000 <= moved <= int(time.time() * 1000) + 3_600_000
+    audit = [s.json() for s in h.producer.committed_to(TOPICS.audit)]
+    assert audit[-1]["expires_at"] <= moved + 7 * 86_400_000  # claimed at the bound, not 60 days ahead
