@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 from aiohttp import web
+from aiokafka.errors import KafkaError
 
 from pipeline.console import dlq_view
 from pipeline.console.auth import Sessions, build_middleware, require_redrive, safe_next, set_cookie
@@ -221,7 +222,7 @@ class Pages:
 
 
 def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Kafka out of reach and other pipeline errors as a 503 page in one line."""
+    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line."""
 
     @web.middleware
     async def middleware(
@@ -232,6 +233,9 @@ def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
         except PipelineError as exc:
             log.warning("console: %s %s failed: %s", request.method, request.path, exc)
             return pages.error(request, 503, str(exc))
+        except KafkaError as exc:  # one the lookup did not turn into a PipelineError
+            log.warning("console: %s %s failed: Kafka: %r", request.method, request.path, exc)
+            return pages.error(request, 503, f"Kafka at {pages.settings.bootstrap}: {exc!r}")
 
     return middleware
 
