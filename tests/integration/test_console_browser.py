@@ -110,7 +110,19 @@ async def test_the_browser_finds_a_key_and_its_deliveries_match_the_audit(
             for r in browser.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")
         ]
         assert lags == ["0", "0"]  # every record handled and committed, read from the group's offsets
-        _wait(browser, lambda d: "/s" in d.find_element(By.ID, "rate-accepted").text)
+        before = browser.find_element(By.CSS_SELECTOR, "#rate-accepted polyline").get_attribute("points")
+        for second in range(4):  # a few seconds of traffic: the page's charts refresh by themselves
+            await env.produce_stripe([f"evt_live_{second}_{i}" for i in range(25)])
+            await asyncio.sleep(1.0)
+        _wait(
+            browser,
+            lambda d: (
+                not d.find_element(By.ID, "rate-accepted").text.startswith("accepted: 0.0/s (peak 0.0/s)")
+            ),
+        )
+        assert (
+            browser.find_element(By.CSS_SELECTOR, "#rate-accepted polyline").get_attribute("points") != before
+        )
         screenshot(browser, "partitions")
     finally:
         assert stop(console) == 0
