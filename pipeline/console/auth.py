@@ -146,6 +146,8 @@ def build_middleware(
 
     async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(OPEN_PATHS):
+            if request.method == "POST" and not _same_origin(request):  # the login form, from another site
+                raise web.HTTPForbidden(text="a form from another site")
             sessions._active[id(request)] = sessions.get(request.cookies.get(COOKIE))
             return await handler(request)
         session, new_sid = _find(request)

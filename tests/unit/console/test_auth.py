@@ -82,7 +82,9 @@ async def test_a_read_only_user_cannot_redrive_and_a_redrive_user_can(
 async def test_a_cookie_session_posts_only_with_its_csrf_token_from_its_own_origin(
     guarded: TestClient[web.Request, web.Application],
 ) -> None:
-    """After login, a POST without the CSRF token, with another's, or from another site is 403; with it, 200."""
+    """A login from another site is 403; after login, a POST without the CSRF token, with another's, or from another site is 403; with it, 200."""
+    foreign = {"Origin": "http://evil.example"}
+    assert (await guarded.post("/login", data={"token": OPERATOR}, headers=foreign)).status == 403
     assert (await guarded.post("/login", data={"token": OPERATOR}, allow_redirects=False)).status == 303
     text = await (await guarded.get("/")).text()
     found = re.search(r"csrf=(\S+)", text)
