@@ -148,14 +148,94 @@ def cmd_up(args: argparse.Namespace) -> int:
         kafka_port=args.kafka_port,
         ingress_port=args.ingress_port,
         metrics_port=args.metrics_port,
+        console_port=args.console_port,
         demo=args.demo,
         demo_events=args.demo_events,
     )
     return asyncio.run(run_foreground(Up(settings)))
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.console.server import Console  # noqa: PLC0415
+    from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens  # noqa: PLC0415
+    from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
+
+    check_bootstrap(args.bootstrap)
+    settings = ConsoleSettings(
+        bootstrap=args.bootstrap,
+        topology=Path(args.topology),
+        host=args.host,
+        port=args.port,
+        workers=tuple(w.strip() for w in (args.workers or "").split(",") if w.strip()),
+        group=args.group or "",
+        users=parse_tokens(os.environ.get(TOKENS_ENV)),
+        refresh_seconds=args.refresh,
+    )
+    console = Console(settings, topology.load(settings.topology, os.environ))
+    return asyncio.run(run_service(_Announced(console)))
+
+
+class _Announced:
+    """A console that prints its URL once it listens (for a person at the terminal)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    async def start(self) -> None:
+        await self.console.start()
+        print(f"console on {self.console.url}  (Ctrl-C stops it)", flush=True)
+
+    async def run(self) -> None:
+        await self.console.run()
+
+    def stop(self) -> None:
+        self.console.stop()
+
+
+def add_console_command(commands: Any) -> None:
+    """``console``."""
+    from pipeline.cli.settings import add_common  # noqa: PLC0415
+
+    console = commands.add_parser(
+        "console",
+        help="serve the operator console: find an event, triage and redrive the DLQ, watch partitions",
+    )
+    add_common(console)
+    console.add_argument(
+        "--host",
+        default=env_default("PIPELINE_CONSOLE_HOST", "127.0.0.1"),
+        help="listen on this address (env PIPELINE_CONSOLE_HOST, default %(default)s); any address but "
+        "loopback needs PIPELINE_CONSOLE_TOKENS=name:role:token[,...] (role read or redrive)",
+    )
+    console.add_argument(
+        "--port",
+        type=int,
+        default=env_default("PIPELINE_CONSOLE_PORT", "8090"),
+        help="listen on this port (env PIPELINE_CONSOLE_PORT, default %(default)s; 0: any free port)",
+    )
+    console.add_argument(
+        "--workers",
+        default=env_default("PIPELINE_WORKERS", "127.0.0.1:9100"),
+        help="worker HTTP endpoints host:port,... (env PIPELINE_WORKERS, default %(default)s)",
+    )
+    console.add_argument(
+        "--group",
+        default=env_default("PIPELINE_GROUP"),
+        help="the workers' consumer group (env PIPELINE_GROUP, default: the topology's app name)",
+    )
+    console.add_argument(
+        "--refresh",
+        type=float,
+        default=3.0,
+        help="seconds between two samples of the workers (default %(default)s)",
+    )
+    console.set_defaults(handler=cmd_console)
+
+
 def add_service_commands(commands: Any) -> None:
-    """``ingress`` and ``up``."""
+    """``ingress``, ``up`` and ``console``."""
+    add_console_command(commands)
     ingress = commands.add_parser(
         "ingress", help="run the HTTP ingress: POST /webhooks/{source}", populate=add_ingress_settings
     )
@@ -179,6 +259,12 @@ def add_service_commands(commands: Any) -> None:
     up.add_argument("--ingress-port", type=int, default=8080, help="default %(default)s")
     up.add_argument(
         "--metrics-port", type=int, default=9100, help="worker metrics port (default %(default)s)"
+    )
+    up.add_argument(
+        "--console-port",
+        type=int,
+        default=8090,
+        help="the operator console's port, on 127.0.0.1 (default %(default)s; -1: no console)",
     )
     up.add_argument(
         "--demo", action="store_true", help="also send a demo stream of signed webhooks with duplicates"

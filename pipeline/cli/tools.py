@@ -93,7 +93,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         import orjson  # noqa: PLC0415
 
-        print(orjson.dumps(asdict(report)).decode())
+        print(orjson.dumps({"status": report.status, **asdict(report)}).decode())
     else:
         print("\n".join(report.lines()))
     return 0 if report.known else 3
@@ -112,9 +112,13 @@ def _since(text: str) -> int:
 
 
 def _dlq_filter(args: argparse.Namespace) -> DlqFilter:
-    from pipeline.ops.dlq_records import DlqFilter, reasons_of  # noqa: PLC0415
+    from pipeline.ops.dlq_records import DlqFilter, reasons_of, records_of  # noqa: PLC0415
 
-    return DlqFilter(reasons=reasons_of(args.reason), key=args.key, since_ms=args.since)
+    try:
+        records = records_of(getattr(args, "record", None))
+    except ValueError as exc:
+        raise PipelineError(f"--record: {exc}") from None
+    return DlqFilter(reasons=reasons_of(args.reason), key=args.key, since_ms=args.since, records=records)
 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
@@ -179,6 +183,11 @@ def add_dlq_commands(commands: Any) -> None:
             "--since",
             type=_since,
             help="only records from this time on: '2h', '3d', or '2026-11-30T10:00' (UTC unless it names an offset)",
+        )
+        parser.add_argument(
+            "--record",
+            action="append",
+            help="only this DLQ record, as PARTITION:OFFSET (repeat or comma-separate), e.g. 0:17",
         )
     listing.add_argument("--json", action="store_true", help="print JSON lines (the summary goes to stderr)")
     listing.set_defaults(handler=cmd_dlq_list)

@@ -131,12 +131,23 @@ async def list_dlq(
     return counts
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One DLQ record a replay sent back: where it was in the DLQ, its key, and where it went."""
+
+    where: str  # <dlq topic>:<partition>:<offset>, as the replayed-from header and the audit say
+    reason: str
+    key: str | None
+    partition: int  # the input partition it was produced to
+
+
 @dataclass
 class ReplayReport:
-    """What a replay did: records replayed per reason, and records skipped with why."""
+    """What a replay did: records replayed per reason (and each of them), and records skipped with why."""
 
     replayed: Counter[str] = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
+    records: list[Replayed] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -194,6 +205,7 @@ async def replay(
                 )
                 pending.append((where, future))
             report.replayed[entry.reason] += 1
+            report.records.append(Replayed(where, entry.reason, entry.key, partition))
         await _acked(pending)
     except KafkaError as exc:
         raise PipelineError(

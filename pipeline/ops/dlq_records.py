@@ -104,14 +104,18 @@ def parse_entry(
 
 @dataclass(frozen=True, slots=True)
 class DlqFilter:
-    """Which DLQ records a command takes: reasons (none: all), a key (``prefix*`` or exact), a time."""
+    """Which DLQ records a command takes: reasons (none: all), a key (``prefix*`` or exact), a time,
+    and DLQ records by ``(partition, offset)`` (none: all)."""
 
     reasons: frozenset[str] = frozenset()
     key: str | None = None
     since_ms: int | None = None
+    records: frozenset[tuple[int, int]] = frozenset()
 
     def matches(self, entry: DlqEntry) -> bool:
         """Whether ``entry`` passes every given condition."""
+        if self.records and (entry.partition, entry.offset) not in self.records:
+            return False
         if self.reasons and entry.reason not in self.reasons:
             return False
         if self.since_ms is not None and entry.timestamp < self.since_ms:
@@ -120,6 +124,21 @@ class DlqFilter:
             return True
         key = entry.key or ""
         return key.startswith(self.key[:-1]) if self.key.endswith("*") else key == self.key
+
+
+def records_of(values: Iterable[str] | None) -> frozenset[tuple[int, int]]:
+    """``--record P:O`` given once or more, each possibly comma-separated; ValueError (one line) otherwise."""
+    found = set()
+    for value in values or ():
+        for item in value.split(","):
+            text = item.strip()
+            if not text:
+                continue
+            partition, sep, offset = text.partition(":")
+            if not (sep and partition.isdigit() and offset.isdigit()):
+                raise ValueError(f"expected a DLQ record as PARTITION:OFFSET such as 0:17, got {text[:40]!r}")
+            found.add((int(partition), int(offset)))
+    return frozenset(found)
 
 
 def reasons_of(values: Iterable[str] | None) -> frozenset[str]:

@@ -1,14 +1,22 @@
-"""``pipeline inspect KEY``: what the pipeline knows about an event key or an effect key.
+"""One key lookup for ``pipeline inspect KEY`` and the console: what became of an event key.
 
-It asks the worker that owns the key's partition (each worker's HTTP
-endpoint lists its partitions and answers ``/keys/{key}`` from its seen-set),
-and falls back to reading the key's audit partition when no worker answers.
+It asks the worker that owns the key's partition (each worker's HTTP endpoint
+lists its partitions and answers ``/keys/{key}`` from its seen-set) for the
+key's current claim, and reads the key's records from Kafka: every delivery
+from its audit partition, its DLQ records, and the command its first copy
+produced. A key whose deliveries were all invalid is reported as such (with
+the reasons), not as unknown.
+
+Counts mean what ``/metrics`` means: ``duplicates`` are the copies whose
+outcome was ``duplicate`` (``pipeline_events_total{outcome="duplicate"}``),
+``conflicts`` those whose outcome was ``conflict``; each within the key's
+current claim.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,15 +24,63 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import orjson
-from aiokafka import TopicPartition
 from yarl import URL
 
 from pipeline.kafka.admin import partition_count
-from pipeline.kafka.clients import started_reader
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.ops.key_history import Found, read_key
 from pipeline.topology import Topology
 from pipeline.worker.event_stage import DEFAULT_COMMAND
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One audit record of the key: what one delivery (input record) turned out to be."""
+
+    outcome: str  # first, duplicate, conflict, invalid, rerouted
+    timestamp: int  # the record time (the input record's)
+    audit_partition: int
+    audit_offset: int
+    partition: int | None = None  # the input record's partition and offset
+    offset: int | None = None
+    reason: str | None = None  # why an invalid delivery was invalid
+    replayed_from: str | None = None  # <dlq topic>:<partition>:<offset> of a redriven record
+    to_partition: int | None = None  # where a rerouted delivery went
+    stage: str | None = None  # "effect" for the effect stage's records
+
+    @property
+    def label(self) -> str:
+        """The outcome in words: ``invalid (bad-signature)``, ``first, replayed from webhooks.dlq:0:3``."""
+        text = self.outcome
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.to_partition is not None:
+            text += f" to partition {self.to_partition}"
+        if self.replayed_from:
+            text += f", replayed from {self.replayed_from}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class DlqRecord:
+    """One DLQ record of the key."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    reason: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRecord:
+    """Where the command of the key's first copy is."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: str
 
 
 @dataclass
@@ -32,8 +88,8 @@ class Report:
     """The answer about one key."""
 
     key: str
-    known: bool = False
-    where: str = ""  # who answered: a worker URL or the audit topic
+    known: bool = False  # the key is claimed (a first copy was processed within its TTL)
+    where: str = ""  # who answered the counts: a worker URL or the audit topic
     topic: str | None = None
     partition: int | None = None
     first_seen: int | None = None
@@ -46,24 +102,66 @@ class Report:
     expires_at: int | None = None
     dropped: bool = False  # a route dropped the event: no command
     effect_key: str | None = None  # the command went through the effect stage under this key
-    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    owner_partition: int | None = None  # the input partition that owns the key
+    deliveries: list[Delivery] = field(default_factory=list)
+    dlq: list[DlqRecord] = field(default_factory=list)
+    command_record: CommandRecord | None = None
+    dlq_topic: str = ""
+
+    @property
+    def invalid_reasons(self) -> Counter[str]:
+        """How many deliveries were invalid, per reason."""
+        return Counter(d.reason or "unknown" for d in self.deliveries if d.outcome == "invalid")
+
+    @property
+    def status(self) -> str:
+        """``processed``, ``not processed`` (seen, every delivery invalid or only rerouted) or ``never seen``."""
+        if self.known:
+            return "processed"
+        return "not processed" if self.deliveries or self.dlq else "never seen"
 
     def lines(self) -> list[str]:
         """Human-readable lines."""
+        out = [f"key           {self.key}"]
         if not self.known:
-            return [f"key           {self.key}", f"known         no ({self.where})"]
-        out = [
-            f"key           {self.key}",
-            f"known         yes, {self.topic} partition {self.partition} (from {self.where})",
-            f"first seen    {_time(self.first_seen)} at offset {self.offset}",
-            f"duplicates    {self.duplicates}"
-            + (f", last at {_time(self.last_seen)}" if self.duplicates and self.last_seen else ""),
-        ]
-        if self.conflicts:
-            out.append(f"conflicts     {self.conflicts} (copies whose body differed from the first)")
-        out.append(f"command       {self._command()}")
-        out.append(f"expires       {_time(self.expires_at)}")
+            out.append(f"known         no: {self._unknown()}")
+        else:
+            out += [
+                f"known         yes, {self.topic} partition {self.partition} (from {self.where})",
+                f"first seen    {_time(self.first_seen)} at offset {self.offset}",
+                f"duplicates    {self.duplicates}"
+                + (
+                    f", last at {_time(self.last_seen)}"
+                    if self.last_seen and self.last_seen != self.first_seen
+                    else ""
+                ),
+            ]
+            if self.conflicts:
+                out.append(f"conflicts     {self.conflicts} (copies whose body differed from the first)")
+            out.append(f"command       {self._command()}")
+            out.append(f"expires       {_time(self.expires_at)}")
+        if self.deliveries:
+            counts = Counter(d.outcome for d in self.deliveries)
+            out.append(
+                f"deliveries    {len(self.deliveries)}: " + ", ".join(f"{o} {n}" for o, n in counts.items())
+            )
+        for record in self.dlq:
+            out.append(
+                f"dlq           {self.dlq_topic}:{record.partition}:{record.offset} {record.reason}"
+                f" at {_time(record.timestamp)}"
+            )
         return out
+
+    def _unknown(self) -> str:
+        if not self.deliveries and not self.dlq:
+            return f"never seen ({self.where})"
+        invalid = self.invalid_reasons
+        if invalid:
+            reasons = ", ".join(f"{r} {n}" for r, n in invalid.most_common())
+            text = f"{len(self.deliveries)} deliveries, none processed: {sum(invalid.values())} invalid ({reasons})"
+        else:
+            text = f"{len(self.deliveries)} deliveries, none processed"
+        return text + (f"; {len(self.dlq)} in the DLQ" if self.dlq else "")
 
     def _command(self) -> str:
         if self.dropped:
@@ -71,6 +169,8 @@ class Report:
         if not self.command:
             return "unknown"
         text = f"{self.command} -> {self.command_topic}" if self.command_topic else self.command
+        if self.command_record is not None:
+            text += f" (partition {self.command_record.partition} offset {self.command_record.offset})"
         return text + (f" (through the effect stage as {self.effect_key})" if self.effect_key else "")
 
 
@@ -96,7 +196,23 @@ def key_url(worker: str, key: str) -> URL:
 async def inspect(
     key: str, topology: Topology, *, bootstrap: str, workers: Sequence[str], timeout: float = 3.0
 ) -> Report:
-    """Ask the owning worker; fall back to the audit topic."""
+    """Everything known about ``key``: the owning worker's claim, else the audit's, and the key's records."""
+    report = await from_audit(key, topology, bootstrap=bootstrap)
+    answer = await _ask_owner(key, topology, bootstrap=bootstrap, workers=workers, timeout=timeout)
+    if answer is not None:
+        url, found = answer
+        _from_worker(report, url, found)
+    await _add_dlq(report, topology, bootstrap)
+    await _add_command(report, bootstrap)
+    return report
+
+
+async def _ask_owner(
+    key: str, topology: Topology, *, bootstrap: str, workers: Sequence[str], timeout: float
+) -> tuple[str, dict[str, Any]] | None:
+    """The owning worker's answer about a key it knows, with its URL; None when none knows it."""
+    if not workers:
+        return None
     stages = [topology.topics.input] + ([topology.topics.effects] if topology.has_effects else [])
     counts = {topic: await partition_count(bootstrap, topic) for topic in stages}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
@@ -110,8 +226,8 @@ async def inspect(
                 if partition in partitions.get(topic, []):
                     answer = await _get_json(session, key_url(url, key))
                     if answer and answer.get("known"):
-                        return _from_worker(key, url, answer)
-    return await from_audit(key, topology, bootstrap=bootstrap)
+                        return url, answer
+    return None
 
 
 def _base(url: str) -> str:
@@ -125,7 +241,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str | URL) -> dict[str,
                 return None
             data = await response.json()
             return data if isinstance(data, dict) else None
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
 
 
@@ -134,79 +250,87 @@ async def _partitions(session: aiohttp.ClientSession, url: str) -> dict[str, lis
     return dict(answer.get("partitions", {})) if answer else {}
 
 
-def _from_worker(key: str, url: str, answer: dict[str, Any]) -> Report:
+def _from_worker(report: Report, url: str, answer: dict[str, Any]) -> None:
+    """Take the claim from the worker's seen-set (it counts conflicts among its duplicates)."""
     entry = answer["entry"]
-    return Report(
-        key=key,
-        known=True,
-        where=f"worker {url}",
-        topic=answer["topic"],
-        partition=answer["partition"],
-        first_seen=entry["first_seen"],
-        offset=entry["offset"],
-        duplicates=entry["duplicates"],
-        conflicts=entry.get("conflicts", 0),
-        last_seen=_last_seen(entry["first_seen"], entry.get("last_seen")),
-        command=entry.get("command"),
-        command_topic=entry.get("topic"),
-        expires_at=entry["expires_at"],
-        dropped=entry.get("command") is None and entry.get("topic") is None,
-    )
+    conflicts = int(entry.get("conflicts", 0))
+    report.known = True
+    report.where = f"worker {url}"
+    report.topic = answer["topic"]
+    report.partition = answer["partition"]
+    report.first_seen = entry["first_seen"]
+    report.offset = entry["offset"]
+    report.duplicates = max(int(entry["duplicates"]) - conflicts, 0)
+    report.conflicts = conflicts
+    report.last_seen = _last_seen(entry["first_seen"], entry.get("last_seen"))
+    report.command = entry.get("command")
+    report.command_topic = entry.get("topic")
+    report.expires_at = entry["expires_at"]
+    report.dropped = entry.get("command") is None and entry.get("topic") is None
 
 
-async def from_audit(key: str, topology: Topology, *, bootstrap: str, idle: float = 1.0) -> Report:
+async def from_audit(key: str, topology: Topology, *, bootstrap: str) -> Report:
     """Rebuild what is known about ``key`` from its audit partition (every delivery is there)."""
     audit = topology.topics.audit
+    report = Report(key=key, where=f"audit topic {audit}", dlq_topic=topology.topics.dlq)
+    inputs = await partition_count(bootstrap, topology.topics.input)
+    if inputs:
+        report.owner_partition = owner_partition(key.encode(), inputs)
     count = await partition_count(bootstrap, audit)
-    report = Report(key=key, where=f"audit topic {audit}")
     if not count:
         return report
-    times: list[int] = []
-    tp = TopicPartition(audit, owner_partition(key.encode(), count))
-    consumer = await started_reader(bootstrap)
-    try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        last_data = time.monotonic()
-        while await consumer.position(tp) < end and time.monotonic() - last_data < idle + 5:
-            batch = await consumer.getmany(tp, timeout_ms=200)
-            for record in batch.get(tp, []):
-                last_data = time.monotonic()
-                if record.key == key.encode():
-                    report.deliveries.append(orjson.loads(record.value))
-                    times.append(record.timestamp)
-    finally:
-        await consumer.stop()
-    summarise(report, times, topology)
+    found = await read_key(bootstrap, audit, owner_partition(key.encode(), count), key.encode())
+    report.deliveries = [_delivery(f) for f in found]
+    summarise(report, [f.value for f in found], topology)
     return report
 
 
-def summarise(report: Report, times: Sequence[int], topology: Topology) -> None:
-    """Fill ``report`` from its audit deliveries (in audit order) and their record timestamps.
+def _delivery(found: Found) -> Delivery:
+    value = found.value
+
+    def number(name: str) -> int | None:
+        got = value.get(name)
+        return got if type(got) is int else None
+
+    def text(name: str) -> str | None:
+        got = value.get(name)
+        return got if isinstance(got, str) else None
+
+    return Delivery(
+        outcome=text("outcome") or "unknown",
+        timestamp=found.timestamp,
+        audit_partition=found.partition,
+        audit_offset=found.offset,
+        partition=number("partition"),
+        offset=number("offset"),
+        reason=text("reason"),
+        replayed_from=text("replayed_from"),
+        to_partition=number("to_partition"),
+        stage=text("stage"),
+    )
+
+
+def summarise(report: Report, values: Sequence[dict[str, Any]], topology: Topology) -> None:
+    """Fill ``report``'s claim from its audit values (in audit order, beside ``report.deliveries``).
 
     The key's current claim starts at its last ``first`` delivery; duplicates of an
     earlier, expired claim are not counted. Times are record timestamps, as the
     worker's seen-set keeps them.
     """
-    starts = [i for i, d in enumerate(report.deliveries) if d.get("outcome") == "first"]
+    starts = [i for i, d in enumerate(report.deliveries) if d.outcome == "first"]
     if not starts:
         return
     start = starts[-1]
-    first = report.deliveries[start]
-    later = [
-        (d, t)
-        for d, t in zip(report.deliveries[start + 1 :], times[start + 1 :], strict=True)
-        if d.get("outcome") in {"duplicate", "conflict"}
-    ]
+    first = values[start]
+    later = [d for d in report.deliveries[start + 1 :] if d.outcome in {"duplicate", "conflict"}]
     report.known = True
     report.topic = topology.topics.effects if first.get("stage") == "effect" else topology.topics.input
     report.partition = first.get("partition")
     report.offset = first.get("offset")
     report.first_seen = first.get("first_seen_at")
-    report.duplicates = len(later)
-    report.conflicts = sum(1 for d, _ in later if d.get("outcome") == "conflict")
-    report.last_seen = _last_seen(report.first_seen, max((t for _, t in later), default=None))
+    report.duplicates = sum(1 for d in later if d.outcome == "duplicate")
+    report.conflicts = sum(1 for d in later if d.outcome == "conflict")
+    report.last_seen = _last_seen(report.first_seen, max((d.timestamp for d in later), default=None))
     report.expires_at = first.get("expires_at")
     report.effect_key = first.get("effect_key")
     report.dropped = bool(first.get("dropped_by_route"))
@@ -215,3 +339,44 @@ def summarise(report: Report, times: Sequence[int], topology: Topology) -> None:
     route = topology.route(str(first.get("source")), first.get("event_type"))
     report.command = first.get("command") or (route.command if route and route.command else DEFAULT_COMMAND)
     report.command_topic = route.topic if route and route.topic else topology.topics.commands
+
+
+async def _add_dlq(report: Report, topology: Topology, bootstrap: str) -> None:
+    """The key's DLQ records: on the input partition (owner, and each invalid delivery's) modulo the DLQ's count."""
+    count = await partition_count(bootstrap, topology.topics.dlq)
+    if not count:
+        return
+    inputs = {d.partition for d in report.deliveries if d.outcome == "invalid" and d.partition is not None}
+    if report.owner_partition is not None:
+        inputs.add(report.owner_partition)
+    records: list[Found] = []
+    for partition in sorted({p % count for p in inputs}):
+        records += await read_key(bootstrap, topology.topics.dlq, partition, report.key.encode())
+    for found in records:
+        reason, error = found.value.get("reason"), found.value.get("error")
+        report.dlq.append(
+            DlqRecord(
+                partition=found.partition,
+                offset=found.offset,
+                timestamp=found.timestamp,
+                reason=reason if isinstance(reason, str) else "unparseable",
+                error=error if isinstance(error, str) else "",
+            )
+        )
+
+
+async def _add_command(report: Report, bootstrap: str) -> None:
+    """Find the command of the claim's first copy: keyed by the effect key, at the first copy's time."""
+    if not report.known or report.dropped or not report.command_topic or report.first_seen is None:
+        return
+    key = report.effect_key or report.key
+    count = await partition_count(bootstrap, report.command_topic)
+    if not count:
+        return
+    partition = owner_partition(key.encode(), count)
+    found = await read_key(
+        bootstrap, report.command_topic, partition, key.encode(), since_ms=report.first_seen, first_only=True
+    )
+    if found:
+        hit = found[0]
+        report.command_record = CommandRecord(hit.topic, hit.partition, hit.offset, hit.timestamp, key)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pipeline import kafka, resources, topology
 from pipeline.config import WorkerSettings
+from pipeline.console.server import Console
+from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.ops.foreground import refuse_busy_ports, second_terminal
@@ -74,6 +76,7 @@ class UpSettings:
     kafka_port: int = 9092
     ingress_port: int = 8080
     metrics_port: int = 9100
+    console_port: int = 8090  # negative: no console
     group: str = ""  # empty: the topology's app name
     demo: bool = False
     demo_events: int = 120
@@ -124,6 +127,9 @@ class Up:
             topo,
         )
         self._services = [worker, ingress]
+        console = self._console(topo)
+        if console is not None:
+            self._services.append(console)
         for service in self._services:
             await service.start()
         base = f"http://127.0.0.1:{ingress.port}"
@@ -132,6 +138,8 @@ class Up:
         self.out(f"Ingress       {base}  (metrics {base}/metrics, health {base}/healthz, {base}/readyz)")
         for name in sorted(topo.sources):
             self.out(f"  webhook URL {base}/webhooks/{name}")
+        if console is not None:
+            self.out(f"Console       {console.url}  (find an event, the DLQ and its redrive, partitions)")
         self.out("Try it (a signed Stripe test event):")
         self.out("  " + sample_curl(topo, base))
         self.out("  " + curl_note(topo, os.environ))
@@ -145,6 +153,20 @@ class Up:
             )
         self._worker, self._ingress, self._topology = worker, ingress, topo
         self.out("Stop with Ctrl-C.")
+
+    def _console(self, topo: Topology) -> Console | None:
+        """The operator console on loopback, reading this worker; None with a negative console port."""
+        if self.settings.console_port < 0:
+            return None
+        settings = ConsoleSettings(
+            bootstrap=self.bootstrap,
+            topology=self.settings.topology,
+            port=self.settings.console_port,
+            workers=(f"127.0.0.1:{self.settings.metrics_port}",),
+            group=self.settings.group,
+            users=parse_tokens(os.environ.get(TOKENS_ENV)),
+        )
+        return Console(settings, topo)
 
     async def run(self) -> None:
         """Run the services until one ends or :meth:`stop` is called."""

@@ -11,6 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from tests.conftest import Unique
+from tests.integration.browser import browser  # noqa: F401  (the console tests' headless Chromium)
 from tests.integration.harness import Env, write_topology
 from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401  (fixtures for this directory)
 

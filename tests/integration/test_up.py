@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +49,7 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
     path = write_topology(
         tmp_path / "up.toml", app, partitions=2, secrets={"stripe": "UP_TEST_STRIPE_SECRET"}
     )
-    kafka_port = _free_port()
+    kafka_port, console_port = _free_port(), _free_port()
     env = dict(
         os.environ,
         KAFKA_RUN_DIR=str(tmp_path / "kafka"),
@@ -71,6 +73,8 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
             str(_free_port()),
             "--ingress-port",
             str(_free_port()),
+            "--console-port",
+            str(console_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -95,6 +99,17 @@ async def test_up_starts_its_own_broker_runs_the_pipeline_and_stops_on_ctrl_c(
         while time.monotonic() < deadline and not commands:
             commands = await read_committed(pipeline.bootstrap, f"{app}.events", idle=1.0)
         assert len(commands) == 1
+        console = f"http://127.0.0.1:{console_port}/"
+        assert f"Console       {console}" in banner
+        event_id = re.search(r'"id": "(evt_demo_[0-9a-f]+)"', curl)
+        assert event_id is not None
+        with urllib.request.urlopen(f"{console}find?q={event_id[1]}", timeout=30) as page:  # a person asks
+            html = page.read().decode()
+        assert page.url.endswith(f"/keys/stripe%3A{event_id[1]}") or page.url.endswith(
+            f"/keys/stripe:{event_id[1]}"
+        )
+        assert "Processed: first seen" in html
+        assert "duplicate" in html
 
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
@@ -144,6 +159,8 @@ def _run_demo(bootstrap: str, path: Path, tmp_path: Path) -> None:
             str(_free_port()),
             "--ingress-port",
             str(_free_port()),
+            "--console-port",
+            str(_free_port()),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -175,6 +192,8 @@ def _up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subpro
             "--metrics-port",
             str(_free_port()),
             "--ingress-port",
+            str(_free_port()),
+            "--console-port",
             str(_free_port()),
             *args,
         ],

@@ -337,9 +337,17 @@ def test_the_wheel_runs_init_topics_worker_ingress_and_up_from_an_empty_director
 
         assert _run([pipeline, "up", "--help"], cwd=here, env=env).returncode == 0
         up_argv = [pipeline, "up", "--bootstrap", bootstrap, "--state-dir", "up-state"]
+        console = f"http://127.0.0.1:{_free_port()}"
         up_argv += ["--ingress-port", str(_free_port()), "--metrics-port", str(_free_port())]
+        up_argv += ["--console-port", console.rsplit(":", 1)[1]]
         with _running(up_argv, here, env) as up:
-            _wait_for_line(up, "Stop with Ctrl-C.")
+            _wait_for_line(up, f"Console       {console}/")
+            # the installed console renders its packaged templates and serves its packaged script and style
+            assert _wait_http(f"{console}/", up) == 200
+            for asset in ("console.js", "console.css"):
+                assert _wait_http(f"{console}/static/{asset}", up) == 200
+            with urllib.request.urlopen(f"{console}/keys/stripe%3A{event_id}", timeout=30) as page:
+                assert "Processed: first seen" in page.read().decode()
             code, err = _stop(up)
             assert code == 0, err
     finally:

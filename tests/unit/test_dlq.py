@@ -21,6 +21,7 @@ from pipeline.ops.dlq_records import (
     parse_since,
     reasons_of,
     rebuild,
+    records_of,
     summary,
 )
 from pipeline.worker.emitter import MAX_DLQ_KEY_BYTES
@@ -111,6 +112,17 @@ def test_reasons_may_repeat_and_be_comma_separated() -> None:
         "bad-body",
     }
     assert reasons_of(None) == frozenset()
+
+
+def test_records_pick_dlq_records_by_partition_and_offset() -> None:
+    """``--record 0:3,1:4`` takes exactly those DLQ records; anything but two numbers is one readable error."""
+    entry = _entry(_delivery())
+    assert records_of(["0:3, 1:4", "2:0"]) == {(0, 3), (1, 4), (2, 0)}
+    assert DlqFilter(records=frozenset({(entry.partition, entry.offset)})).matches(entry)
+    assert not DlqFilter(records=frozenset({(entry.partition, entry.offset + 1)})).matches(entry)
+    for bad in ("3", "a:1", "1:-2", "1:2:3"):
+        with pytest.raises(ValueError, match="PARTITION:OFFSET"):
+            records_of([bad])
 
 
 # --- rebuilding the original

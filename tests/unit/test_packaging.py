@@ -62,10 +62,12 @@ def test_packaged_broker_files_are_deploy_kafka_byte_for_byte() -> None:
 
 
 def test_pyproject_ships_every_packaged_file() -> None:
-    """Each packaged topology and broker file matches a package-data pattern, so the wheel carries it."""
+    """Each packaged topology, broker file and console template, script and style sheet matches a package-data pattern."""
     patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["pipeline"]
     shipped = [*resources.packaged_topologies().values()]
     shipped += [resources.kafka_dir() / name for name in resources.KAFKA_FILES]
+    console = resources.package_dir() / "console"
+    shipped += [*(console / "templates").iterdir(), *(console / "static").iterdir()]
     for path in shipped:
         relative = path.relative_to(resources.package_dir()).as_posix()
         assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative

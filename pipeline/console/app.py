@@ -1,0 +1,269 @@
+"""The console's pages: find a key, the DLQ and its redrive, partitions and workers, login.
+
+Every handler reads Kafka or the workers when asked (nothing is stored but
+sessions and redrive runs); bad input is a 400 page saying why, and Kafka
+out of reach a 503 page in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import jinja2
+from aiohttp import web
+from aiokafka.errors import KafkaError
+
+from pipeline.console import dlq_view
+from pipeline.console.auth import Sessions, build_middleware, require_redrive, safe_next, set_cookie
+from pipeline.console.charts import bars, sparkline
+from pipeline.console.partitions import Partitions
+from pipeline.console.redrive import Redrives
+from pipeline.console.settings import ConsoleSettings
+from pipeline.console.views import Redactor, key_path, make_environment, render
+from pipeline.console.workers import Live
+from pipeline.errors import PipelineError
+from pipeline.ops.dlq_records import DlqFilter, parse_since, reasons_of, records_of
+from pipeline.ops.lookup import Report, inspect
+from pipeline.resources import package_dir
+from pipeline.topology import Topology
+
+log = logging.getLogger(__name__)
+MAX_KEY = 16_384
+
+
+class Pages:
+    """The handlers, with what they share: settings, topology, templates, the sampler, redrives."""
+
+    def __init__(self, settings: ConsoleSettings, topology: Topology, live: Live, redactor: Redactor) -> None:
+        self.settings = settings
+        self.topology = topology
+        self.live = live
+        self.redactor = redactor
+        self.env: jinja2.Environment = make_environment()
+        self.sessions = Sessions(settings)
+        self.partitions = Partitions(settings.bootstrap, topology, settings.group)
+        self.redrives = Redrives(settings.bootstrap, topology)
+
+    def page(self, request: web.Request, name: str, *, status: int = 200, **context: Any) -> web.Response:
+        """Render a page with what every page shows (the topology's app and topics)."""
+        session = self.sessions.of(request)
+        return render(
+            self.env, request, name, session=session, status=status, topology=self.topology, **context
+        )
+
+    def error(self, request: web.Request, status: int, message: str) -> web.Response:
+        """A page that says, in one line, why the request failed."""
+        return self.page(request, "error.html", status=status, message=message)
+
+    # -- finding an event ---------------------------------------------------------------------
+
+    async def home(self, request: web.Request) -> web.Response:
+        return self.page(
+            request, "home.html", sources=sorted(self.topology.sources), live=self.live.summary()
+        )
+
+    async def find(self, request: web.Request) -> web.StreamResponse:
+        """``/find?q=``: a ``<source>:<id>`` goes to its key page; a bare id is looked up under every source."""
+        text = request.query.get("q", "").strip()
+        if not text:
+            raise web.HTTPSeeOther("/")
+        if len(text) > MAX_KEY:
+            return self.error(request, 400, f"a key is at most {MAX_KEY} characters")
+        source, sep, _ = text.partition(":")
+        if sep and source in self.topology.sources:
+            raise web.HTTPSeeOther(key_path(text))
+        keys = [f"{name}:{text}" for name in sorted(self.topology.sources)]
+        reports = await asyncio.gather(*(self._lookup(key) for key in keys))
+        seen = [r for r in reports if r.status != "never seen"]
+        if len(seen) == 1:
+            raise web.HTTPSeeOther(key_path(seen[0].key))
+        return self.page(request, "candidates.html", query=text, reports=reports)
+
+    async def key(self, request: web.Request) -> web.Response:
+        key = request.match_info["key"]
+        if not key or len(key) > MAX_KEY:
+            return self.error(request, 400, f"a key has 1 to {MAX_KEY} characters")
+        report = await self._lookup(key)
+        return self.page(request, "key.html", report=report)
+
+    async def _lookup(self, key: str) -> Report:
+        return await inspect(
+            key, self.topology, bootstrap=self.settings.bootstrap, workers=self.settings.workers
+        )
+
+    # -- the DLQ ------------------------------------------------------------------------------
+
+    def _filter(self, query: Any) -> tuple[DlqFilter, str | None]:
+        """The DLQ filter of a query string or form (ValueError with a one-line reason)."""
+        since_text = str(query.get("since", "")).strip()
+        since = parse_since(since_text, now=datetime.now(UTC)) if since_text else None
+        key = str(query.get("key", "")).strip() or None
+        reasons = reasons_of([str(r) for r in query.getall("reason", [])])
+        source = str(query.get("source", "")).strip() or None
+        return DlqFilter(reasons=reasons, key=key, since_ms=since), source
+
+    async def dlq(self, request: web.Request) -> web.Response:
+        try:
+            flt, source = self._filter(request.query)
+        except ValueError as exc:
+            return self.error(request, 400, f"since: {exc}")
+        summary = await dlq_view.summarise(
+            self.settings.bootstrap,
+            self.topology.topics.dlq,
+            flt,
+            source=source,
+            shown=self.settings.dlq_shown,
+        )
+        return self.page(
+            request,
+            "dlq.html",
+            summary=summary,
+            chart=bars(summary.over_time),
+            query=request.query,
+            source_of=dlq_view.source_of,
+            redactor=self.redactor,
+        )
+
+    async def dlq_record(self, request: web.Request) -> web.Response:
+        try:
+            partition, offset = int(request.match_info["partition"]), int(request.match_info["offset"])
+        except ValueError:
+            return self.error(request, 400, "a DLQ record is /dlq/PARTITION/OFFSET, two numbers")
+        entry = await dlq_view.read_record(
+            self.settings.bootstrap, self.topology.topics.dlq, partition, offset
+        )
+        if entry is None:
+            return self.error(request, 404, f"no record at {self.topology.topics.dlq}:{partition}:{offset}")
+        view = request.query.get("view", "text")
+        return self.page(request, "dlq_record.html", d=dlq_view.detail(entry, self.redactor), view=view)
+
+    async def redrive(self, request: web.Request) -> web.StreamResponse:
+        """POST: replay the checked records, or every record the filter takes; then show the run."""
+        user = require_redrive(self.sessions.required(request))
+        form = await request.post()
+        try:
+            if form.get("all") == "1":
+                flt, source = self._filter(form)
+                summary = await dlq_view.summarise(
+                    self.settings.bootstrap, self.topology.topics.dlq, flt, source=source, shown=1_000_000
+                )
+                records = frozenset((e.partition, e.offset) for e in summary.records)
+            else:
+                records = records_of([str(r) for r in form.getall("record", [])])
+        except ValueError as exc:
+            return self.error(request, 400, str(exc))
+        if not records:
+            return self.error(request, 400, "no DLQ record chosen: check the records to redrive")
+        run = await self.redrives.run(records, user, request.remote or "unknown")
+        raise web.HTTPSeeOther(f"/redrives/{run.id}")
+
+    async def redrive_run(self, request: web.Request) -> web.Response:
+        run = self.redrives.runs.get(int(request.match_info["run"]))
+        if run is None:
+            return self.error(request, 404, "no such redrive (runs are kept while the console runs)")
+        await self.redrives.follow(run)
+        name = "_redrive.html" if request.path.startswith("/fragments/") else "redrive.html"
+        return self.page(request, name, run=run)
+
+    # -- partitions and workers ---------------------------------------------------------------
+
+    async def partitions_page(self, request: web.Request) -> web.Response:
+        return self.page(request, "partitions.html", **await self._live())
+
+    async def live_fragment(self, request: web.Request) -> web.Response:
+        return self.page(request, "_live.html", **await self._live())
+
+    async def _live(self) -> dict[str, Any]:
+        views = self.live.views
+        rows = await self.partitions.rows(views)
+        rates = {name: sparkline(values) for name, values in self.live.rates().items()}
+        return {"rows": rows, "views": views, "rates": rates, "every": self.settings.refresh_seconds}
+
+    # -- login --------------------------------------------------------------------------------
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        return self.page(
+            request, "login.html", status=200, next=safe_next(request.query.get("next")), failed=False
+        )
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        token, target = str(form.get("token", "")), safe_next(str(form.get("next", "/")))
+        user = self.sessions.authenticate(token) if token else None
+        if user is None:
+            log.warning("console: a login from %s with a wrong token", request.remote)
+            return self.page(request, "login.html", status=401, next=target, failed=True)
+        sid, _ = self.sessions.open(user)
+        log.info("console: %s (%s) logged in from %s", user.name, user.role, request.remote)
+        response = see_other(target)
+        set_cookie(response, sid)
+        return response
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        self.sessions.close(request.cookies.get("pipeline_console"))
+        response = see_other("/login")
+        response.del_cookie("pipeline_console", path="/")
+        return response
+
+    def unauthorised(self, request: web.Request) -> web.Response:
+        """401: the login form (for a page), or one line (for a script that sent a wrong token)."""
+        if "Authorization" in request.headers or not request.headers.get("Accept", "").count("html"):
+            return web.Response(
+                status=401, text="401: this console needs a token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        return self.page(request, "login.html", status=401, next=safe_next(request.path_qs), failed=False)
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+
+def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line."""
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except PipelineError as exc:
+            log.warning("console: %s %s failed: %s", request.method, request.path, exc)
+            return pages.error(request, 503, str(exc))
+        except KafkaError as exc:  # one the lookup did not turn into a PipelineError
+            log.warning("console: %s %s failed: Kafka: %r", request.method, request.path, exc)
+            return pages.error(request, 503, f"Kafka at {pages.settings.bootstrap}: {exc!r}")
+
+    return middleware
+
+
+def build_app(pages: Pages) -> web.Application:
+    """The aiohttp application: security middleware first, then the pages."""
+    app = web.Application(
+        middlewares=[build_middleware(pages.sessions, pages.unauthorised), _failures(pages)]
+    )
+    add = app.router.add_get
+    add("/", pages.home)
+    add("/find", pages.find)
+    add("/keys/{key}", pages.key)
+    add("/dlq", pages.dlq)
+    add("/dlq/{partition}/{offset}", pages.dlq_record)
+    app.router.add_post("/dlq/redrive", pages.redrive)
+    add("/redrives/{run:\\d+}", pages.redrive_run)
+    add("/fragments/redrives/{run:\\d+}", pages.redrive_run)
+    add("/partitions", pages.partitions_page)
+    add("/fragments/live", pages.live_fragment)
+    add("/login", pages.login_form)
+    app.router.add_post("/login", pages.login)
+    app.router.add_post("/logout", pages.logout)
+    add("/healthz", pages.healthz)
+    app.router.add_static("/static/", package_dir() / "console" / "static", show_index=False)
+    return app
+
+
+def see_other(location: str) -> web.Response:
+    """A 303 to ``location`` that a handler returns (to set cookies on it)."""
+    return web.Response(status=303, headers={"Location": location})

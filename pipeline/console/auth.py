@@ -1,0 +1,185 @@
+"""Who is asking: tokens, sessions, roles, CSRF and the security headers of every answer.
+
+A browser logs in once with its token (``POST /login``) and gets a session
+cookie (``HttpOnly``, ``SameSite=Strict``); a script may send
+``Authorization: Bearer <token>`` instead. Every form carries the session's
+CSRF token, checked on each POST (with the ``Origin`` header when the
+browser sends one); a bearer request needs none, as no other site can set
+that header. Without tokens, on loopback, each visitor gets a session of the
+local user. Sessions live in memory: a restarted console asks again.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from pipeline.console.settings import LOCAL_USER, ConsoleSettings, Role, User
+
+log = logging.getLogger(__name__)
+
+COOKIE = "pipeline_console"
+MAX_SESSIONS = 10_000
+#: Paths open to anyone: the login form, the health check, the style sheet and script.
+OPEN_PATHS = ("/login", "/healthz", "/static/")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # no-referrer would make a form's Origin "null"
+    "Cache-Control": "no-store",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Session:
+    """A logged-in visitor: the user, and the CSRF token its forms carry."""
+
+    user: User
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    bearer: bool = False  # came with an Authorization header: no cookie, no CSRF needed
+
+
+class Sessions:
+    """The tokens this console accepts and the sessions it gave out (in memory, oldest dropped first)."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.users = settings.users
+        self.open_locally = settings.open_locally
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._active: dict[int, Session | None] = {}  # id(request) -> its session, while it is handled
+
+    def of(self, request: web.Request) -> Session | None:
+        """The session of a request being handled (None on the open paths without one)."""
+        return self._active.get(id(request))
+
+    def required(self, request: web.Request) -> Session:
+        """The session of a request behind the login (401 if there is none)."""
+        session = self.of(request)
+        if session is None:
+            raise web.HTTPUnauthorized(text="this console needs a token")
+        return session
+
+    def authenticate(self, token: str) -> User | None:
+        """The user whose token this is (compared in constant time against every token)."""
+        found = None
+        for user in self.users:
+            if hmac.compare_digest(user.token.encode(), token.encode()):
+                found = user
+        return found
+
+    def open(self, user: User) -> tuple[str, Session]:
+        """A new session for ``user``: its cookie value and the session."""
+        sid = secrets.token_urlsafe(32)
+        session = self._sessions[sid] = Session(user)
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return sid, session
+
+    def get(self, sid: str | None) -> Session | None:
+        """The session of a cookie value, if it is one."""
+        return self._sessions.get(sid) if sid else None
+
+    def close(self, sid: str | None) -> None:
+        """Forget a session (log out)."""
+        if sid:
+            self._sessions.pop(sid, None)
+
+
+def set_cookie(response: web.StreamResponse, sid: str) -> None:
+    """The session cookie: not readable by scripts, never sent by other sites."""
+    response.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", path="/")
+
+
+def require_redrive(session: Session) -> User:
+    """The session's user, if they may redrive; else 403."""
+    user = session.user
+    if not user.can_redrive:
+        raise web.HTTPForbidden(text="redrive needs a token with the redrive role")
+    return user
+
+
+def safe_next(target: str | None) -> str:
+    """A redirect target inside this console (a path), or ``/``."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def _same_origin(request: web.Request) -> bool:
+    """Whether a POST comes from this console's own pages (``Origin``, else ``Referer``; neither: allowed)."""
+    origin = request.headers.get("Origin") or request.headers.get("Referer")
+    if not origin or origin == "null":
+        return origin != "null"
+    return urlsplit(origin).netloc == request.host
+
+
+def build_middleware(
+    sessions: Sessions, unauthorised: Callable[[web.Request], web.Response]
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware: find the session, refuse strangers (401), check CSRF on POST (403), add headers."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await _guarded(request, handler)
+        except web.HTTPException as exc:
+            exc.headers.update(SECURITY_HEADERS)
+            raise
+        finally:
+            sessions._active.pop(id(request), None)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(OPEN_PATHS):
+            if request.method == "POST" and not _same_origin(request):  # the login form, from another site
+                raise web.HTTPForbidden(text="a form from another site")
+            sessions._active[id(request)] = sessions.get(request.cookies.get(COOKIE))
+            return await handler(request)
+        session, new_sid = _find(request)
+        if session is None:
+            return unauthorised(request)
+        sessions._active[id(request)] = session
+        if request.method not in {"GET", "HEAD"} and not session.bearer:
+            form = await request.post()
+            given = form.get("csrf")
+            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), session.csrf.encode()):
+                raise web.HTTPForbidden(text="the form's CSRF token is missing or stale: reload the page")
+            if not _same_origin(request):
+                raise web.HTTPForbidden(text="a form from another site")
+        response = await handler(request)
+        if new_sid is not None:
+            set_cookie(response, new_sid)
+        return response
+
+    def _find(request: web.Request) -> tuple[Session | None, str | None]:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            user = sessions.authenticate(header[len("Bearer ") :].strip())
+            return (Session(user, bearer=True) if user else None), None
+        session = sessions.get(request.cookies.get(COOKIE))
+        if session is not None:
+            return session, None
+        if sessions.open_locally:
+            sid, session = sessions.open(LOCAL_USER)
+            return session, sid
+        return None, None
+
+    return middleware
+
+
+__all__ = ["Role", "Session", "Sessions", "build_middleware", "require_redrive", "safe_next"]
