@@ -334,6 +334,7 @@ class Worker:
         consumer = self._consumer
         if consumer is None:
             return
+        self._stopping.set()  # after an exception too: no assignment opens anything from now on
         owned = list(self._owned.values())
         self._owned.clear()
         for entry in owned:
@@ -382,7 +383,7 @@ class Worker:
         self._rebalancing = False
         consumer = self._require(self._consumer)
         fresh = sorted((tp for tp in assigned if tp not in self._owned), key=lambda t: (t.topic, t.partition))
-        if not fresh:
+        if not fresh or self._stopping.is_set():  # stopping: nothing new opens (the next owner takes them)
             return
         log.info("partitions assigned: %s", [f"{tp.topic}-{tp.partition}" for tp in fresh])
         consumer.pause(*fresh)

@@ -291,6 +291,9 @@ class Broker:
             None  # transactional id -> the process assigned it, if stable
         )
         self.owner_violations: list[str] = []
+        self.started_by: dict[
+            str, tuple[Any, int]
+        ] = {}  # txn id -> (its assignee, generation) that started it
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -402,16 +405,24 @@ class Broker:
         return NONE, txn.pid, txn.epoch
 
     def _check_owner(self, txn_id: str, process: Any) -> None:
-        """Note a producer started for a partition by a process the group does not assign it to, while the
-        group is stable: a zombie fencing the partition's rightful owner (``owner_violations``)."""
+        """Note a producer started for a partition, while the group is stable, by a process the group does
+        not assign it to, after the assignee started its own: a zombie fencing the partition's rightful
+        owner (``owner_violations``). (One started before the assignee's is harmless: the assignee's own
+        start fences it.)"""
         if process is None or self.owner_of is None:
             return
-        owner = self.owner_of(txn_id)
-        if owner is not None and owner is not process:
-            self.owner_violations.append(
-                f"{getattr(process, 'name', process)} started a producer for {txn_id}, which the group "
-                f"assigns to {getattr(owner, 'name', owner)}"
-            )
+        found = self.owner_of(txn_id)
+        if found is not None:
+            owner, generation = found
+            if owner is not process and self.started_by.get(txn_id) == (owner, generation):
+                self.owner_violations.append(
+                    f"{getattr(process, 'name', process)} started a producer for {txn_id}, fencing "
+                    f"{getattr(owner, 'name', owner)}, which the group assigns it to (generation {generation})"
+                )
+        if found is not None and found[0] is process:
+            self.started_by[txn_id] = found
+        else:
+            self.started_by.pop(txn_id, None)
 
     def _txn_for(self, txn_id: str, pid: int, epoch: int) -> tuple[int, Txn | None]:
         txn = self.txns.get(txn_id)

@@ -162,18 +162,11 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def stacks(self, process: Process) -> list[str]:
         """Where each unfinished task of ``process`` waits (for a report)."""
-        found = []
-        for task in self.tasks:
-            if self.owners.get(task) is process and not task.done():
-                frames = task.get_stack(limit=12)
-                found.append(
-                    f"{task.get_name()}: "
-                    + " > ".join(
-                        f"{f.f_code.co_name}@{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}"
-                        for f in frames
-                    )
-                )
-        return found
+        return [
+            f"{task.get_name()}: {_awaiting(task.get_coro())}"
+            for task in self.tasks
+            if self.owners.get(task) is process and not task.done()
+        ]
 
     def spawn(self, process: Process | None, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start ``coro`` as a task of ``process`` (None: of the world)."""
@@ -362,6 +355,18 @@ class SimLoop(asyncio.AbstractEventLoop):
         except Exception as exc:
             future.set_exception(exc)
         return future
+
+
+def _awaiting(coro: Any) -> str:
+    """Where a suspended coroutine waits: each frame down its chain of awaits."""
+    steps = []
+    while coro is not None and len(steps) < 20:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        steps.append(f"{frame.f_code.co_name}@{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(steps)
 
 
 @contextlib.contextmanager

@@ -222,8 +222,9 @@ class World:
         self._crash_in: dict[Process, int] = {}
         self.broker.owner_of = self._owner_of
 
-    def _owner_of(self, txn_id: str) -> Process | None:
-        """The process the stable group assigns ``txn_id``'s partition to (None while it rebalances)."""
+    def _owner_of(self, txn_id: str) -> tuple[Process, int] | None:
+        """The process the stable group assigns ``txn_id``'s partition to, and the generation (None while
+        the group rebalances)."""
         group = self.broker.group(GROUP)
         if group.state != "stable":
             return None
@@ -233,7 +234,7 @@ class World:
                 continue
             assigned = ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions()
             if TopicPartition(topic, int(partition)) in assigned:
-                return member.process  # type: ignore[no-any-return]
+                return member.process, group.generation
         return None
 
     def note(self, line: str) -> None:
@@ -492,14 +493,14 @@ class World:
             self.note(f"{process.name} SIGCONT")
         elif kind == "leave":
             slot.wanted = False
-            if slot.worker is not None:
-                slot.worker.stop()
+            worker = slot.worker
+            if worker is not None:
+                worker.stop()
             self.note(f"{process.name} SIGTERM")
             await asyncio.sleep(fault.duration)
-            if slot.running:  # still stopping: it commits what is open, once the broker answers
-                await self._until_broker_up()
-                await self._stopped([slot], STOP_LIMIT_S)
-                if slot.running:
+            if process.alive:  # still stopping: it commits what is open, once the broker answers
+                await self._stopped(process, limit=STOP_LIMIT_S)
+                if process.alive:
                     self.problems.append(
                         f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM (with the broker up)"
                     )
@@ -597,8 +598,7 @@ class World:
             slot.wanted = False
             if slot.worker is not None:
                 slot.worker.stop()
-        await self._until_broker_up()
-        await self._stopped(running, STOP_LIMIT_S)
+        await self._stopped(*(s.process for s in running if s.process is not None), limit=STOP_LIMIT_S)
         names = [s.process.name for s in running if s.running and s.process is not None]
         if names:
             self.problems.append(f"workers did not stop within {STOP_LIMIT_S:.0f}s: {names}")
@@ -610,11 +610,14 @@ class World:
         while self.broker.down:
             await asyncio.sleep(0.25)
 
-    async def _stopped(self, slots: list[Slot], limit: float) -> None:
-        """Wait until none of ``slots`` runs, ``limit`` seconds at most."""
-        deadline = self.loop.time() + limit
-        while any(s.running for s in slots) and self.loop.time() < deadline:
+    async def _stopped(self, *processes: Process, limit: float) -> None:
+        """Wait until none of ``processes`` runs, for ``limit`` seconds of the broker being up at most (a stop
+        commits what is open, which waits for the broker)."""
+        left = limit
+        while any(p.alive for p in processes) and left > 0:
             await asyncio.sleep(0.25)
+            if not self.broker.down:
+                left -= 0.25
 
     def _diagnose(self) -> list[str]:
         lines = []
