@@ -287,13 +287,8 @@ class Broker:
         self.marker_delay = (0.0005, 0.02)
         self._scan: asyncio.TimerHandle | None = None
         self.injected: list[tuple[str, str, str]] = []  # (fault, detail, transactional id): answered once
-        self.owner_of: Callable[[str], Any] | None = (
-            None  # transactional id -> the process assigned it, if stable
-        )
         self.owner_violations: list[str] = []
-        self.started_by: dict[
-            str, tuple[Any, int]
-        ] = {}  # txn id -> (its assignee, generation) that started it
+        self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -405,24 +400,23 @@ class Broker:
         return NONE, txn.pid, txn.epoch
 
     def _check_owner(self, txn_id: str, process: Any) -> None:
-        """Note a producer started for a partition, while the group is stable, by a process the group does
-        not assign it to, after the assignee started its own: a zombie fencing the partition's rightful
-        owner (``owner_violations``). (One started before the assignee's is harmless: the assignee's own
-        start fences it.)"""
-        if process is None or self.owner_of is None:
-            return
-        found = self.owner_of(txn_id)
-        if found is not None:
-            owner, generation = found
-            if owner is not process and self.started_by.get(txn_id) == (owner, generation):
-                self.owner_violations.append(
-                    f"{getattr(process, 'name', process)} started a producer for {txn_id}, fencing "
-                    f"{getattr(owner, 'name', owner)}, which the group assigns it to (generation {generation})"
-                )
-        if found is not None and found[0] is process:
-            self.started_by[txn_id] = found
-        else:
-            self.started_by.pop(txn_id, None)
+        """Note a producer started by a process that was told it is fenced on this transactional id and has
+        not been given an assignment since: it reopens a partition the group moved, fencing its rightful owner
+        (``owner_violations``). A start that was under way when the process learned of a fence is not one."""
+        if process is not None and (process, txn_id) in self.fenced_processes:
+            self.owner_violations.append(
+                f"{getattr(process, 'name', process)} started a producer for {txn_id} after it was fenced on it, "
+                "without a new assignment: it fences the partition's owner"
+            )
+
+    def told_fenced(self, process: Any, txn_id: str | None) -> None:
+        """``process`` got INVALID_PRODUCER_EPOCH for ``txn_id``: it must not start it again unassigned."""
+        if process is not None and txn_id:
+            self.fenced_processes.add((process, txn_id))
+
+    def assigned(self, process: Any) -> None:
+        """``process`` got an assignment: the group decided anew; what it was fenced on may be its again."""
+        self.fenced_processes = {(p, t) for p, t in self.fenced_processes if p is not process}
 
     def _txn_for(self, txn_id: str, pid: int, epoch: int) -> tuple[int, Txn | None]:
         txn = self.txns.get(txn_id)

@@ -68,6 +68,7 @@ class Network:
         self.connections: list[SimConnection] = []
         self.spike_chance = 0.02  # a request that takes far longer (GC pause, slow disk, busy broker)
         self.requests = 0
+        self.errors: list[str] = []  # the model's own failures (a bug of the simulation, not the worker)
         #: encode and decode every request and response, as on the wire (slower; catches a response
         #: the model builds in a shape aiokafka would not read): ``SIM_STRICT_WIRE=1``
         self.strict = os.environ.get("SIM_STRICT_WIRE") == "1"
@@ -161,7 +162,13 @@ class SimConnection:
     async def _serve(self) -> None:
         while True:
             struct, future = await self._queue.get()
-            response = await handle(self.network.broker, struct, self.client_id, self.process)
+            try:
+                response = await handle(self.network.broker, struct, self.client_id, self.process)
+                _watch_fences(self.network.broker, struct, response, self.process)
+            except Exception as exc:  # a bug of the model: reported, never a hang
+                self.network.errors.append(f"the broker model failed on {type(struct).__name__}: {exc!r}")
+                self.close()
+                return
             if not self._open:
                 return
             if self.network.strict:
@@ -255,6 +262,26 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
     if key == admin_protocol.DescribeConfigsRequest.API_KEY:
         return _describe_configs(broker, req)
     raise NotImplementedError(f"the simulated broker has no handler for {type(req).__name__}")
+
+
+def _watch_fences(broker: b.Broker, req: Any, response: Any, process: Any) -> None:
+    """Tell the broker model which process learned it is fenced, and which got an assignment."""
+    key = req.API_KEY
+    if key == group.SyncGroupRequest.API_KEY and response.error_code == 0:
+        broker.assigned(process)
+        return
+    txn_id = getattr(req, "transactional_id", None)
+    if txn_id is None:
+        return
+    codes = []
+    if key == produce.ProduceRequest.API_KEY:
+        codes = [answer[1] for _topic, answers in response.topics for answer in answers]
+    elif key in (transaction.AddPartitionsToTxnRequest.API_KEY, transaction.TxnOffsetCommitRequest.API_KEY):
+        codes = [error for _topic, errors in response.errors for _p, error in errors]
+    elif hasattr(response, "error_code"):
+        codes = [response.error_code]
+    if b.INVALID_PRODUCER_EPOCH in codes:
+        broker.told_fenced(process, txn_id)
 
 
 def _by_topic(result: dict[tuple[str, int], int]) -> list[tuple[str, list[tuple[int, int]]]]:

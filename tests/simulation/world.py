@@ -22,7 +22,6 @@ from random import Random
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
 from pipeline.config import WorkerSettings
@@ -220,22 +219,6 @@ class World:
         self.produced = 0
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
-        self.broker.owner_of = self._owner_of
-
-    def _owner_of(self, txn_id: str) -> tuple[Process, int] | None:
-        """The process the stable group assigns ``txn_id``'s partition to, and the generation (None while
-        the group rebalances)."""
-        group = self.broker.group(GROUP)
-        if group.state != "stable":
-            return None
-        topic, _, partition = txn_id.removeprefix(f"{APP}-{GROUP}-").rpartition("-")
-        for member in group.members.values():
-            if not member.assignment:
-                continue
-            assigned = ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions()
-            if TopicPartition(topic, int(partition)) in assigned:
-                return member.process, group.generation
-        return None
 
     def note(self, line: str) -> None:
         self.trace.append(f"{self.loop.time():9.3f} {line}")
@@ -309,6 +292,7 @@ class World:
         self.counts = verdict.counts
         self.problems.extend(verdict.problems)
         self.problems.extend(self.broker.owner_violations[:5])
+        self.problems.extend(self.network.errors[:5])
         for topic in self.broker.topics.values():
             if topic.size_refusals and not topic.reconfigured:
                 self.problems.append(
