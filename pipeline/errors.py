@@ -113,6 +113,12 @@ class StoreLockedError(StoreError):
     reason = "store-locked"
 
 
+class StateDirInUseError(StoreError):
+    """Another worker of the same group runs on this state directory: refused at start, in one line."""
+
+    reason = "state-dir-in-use"
+
+
 class StoreCorruptError(StoreError):
     """The local state store cannot be read; it is wiped and restored from the changelog."""
 

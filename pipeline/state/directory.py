@@ -10,13 +10,15 @@ is someone else's and is never touched (:class:`~pipeline.errors.StoreIdentityEr
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 from pathlib import Path
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from pipeline.errors import StoreCorruptError
+from pipeline.errors import StateDirInUseError, StoreCorruptError, StoreUnusableError
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import Topology
@@ -63,3 +65,43 @@ def rebuild(
     store.close()
     PartitionStore.wipe(path)
     return opener(path, bucket_ms=bucket_ms, identity=identity)
+
+
+class StateDirLock:
+    """One worker per state directory and group: an exclusive lock on ``<state-dir>/<app>/<group>/.lock``.
+
+    A second worker of the same group on the same state dir would wait on each store's
+    RocksDB lock, one partition after another, for minutes; it is refused at once instead,
+    naming the process that holds the directory. The lock goes with the process (a crash
+    releases it), so a restarted worker finds it free.
+    """
+
+    def __init__(self, state_dir: Path, topology: Topology, group: str) -> None:
+        self.path = Path(state_dir) / topology.app / group / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`StoreLockedError` naming its holder (not retriable here)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreUnusableError(f"state dir {self.path.parent} cannot be used: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StateDirInUseError(
+                f"state dir {self.path.parent} is in use by another worker of this group (pid {holder}); "
+                "give each worker its own --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up (a second call does nothing)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the lock

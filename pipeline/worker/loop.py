@@ -41,7 +41,7 @@ from pipeline.kafka import internals
 from pipeline.kafka.admin import topic_layout
 from pipeline.kafka.clients import worker_consumer
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
-from pipeline.state.directory import StoreOpener
+from pipeline.state.directory import StateDirLock, StoreOpener
 from pipeline.state.restore import RestoreBudget
 from pipeline.state.store import PartitionStore
 from pipeline.topology import Topology
@@ -102,6 +102,7 @@ class Worker:
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
         self._open_store = open_store
+        self._dir_lock = StateDirLock(self.settings.state_dir, topology, self.settings.group)
         self._owned: dict[TopicPartition, Owned] = {}
         self._unserved_since: dict[TopicPartition, float] = {}  # assigned partitions not served yet
         self._rebalancing = False  # between a revocation and the next assignment
@@ -114,7 +115,15 @@ class Worker:
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
-        """Learn the topics' partition counts, limits and ids, join the group, serve HTTP."""
+        """Take the state dir, learn the topics' partition counts, limits and ids, join the group, serve HTTP."""
+        self._dir_lock.acquire()
+        try:
+            await self._start()
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    async def _start(self) -> None:
         layout = await topic_layout(self.settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
         outputs = OutputTopics(layout.counts, partitioner, layout.limits, layout.timestamps)
@@ -349,6 +358,7 @@ class Worker:
             await self._http.cleanup()
             self._http = None
         self._consumer = None
+        self._dir_lock.release()
         log.info("worker stopped")
 
     # -- rebalances ----------------------------------------------------------------

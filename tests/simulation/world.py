@@ -333,6 +333,7 @@ class World:
         process = Process(f"{slot.name}.{slot.incarnations}")
         slot.process = process
         worker = Worker(self.settings(slot), self.topology, open_store=SimStore.open)
+        process.on_crash.append(worker._dir_lock.release)  # the OS drops a dead process's locks
         slot.worker = worker
         self.note(f"{process.name} starts")
         slot.task = self.loop.spawn(process, self._incarnation(slot, process, worker), process.name)

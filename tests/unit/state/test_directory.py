@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.errors import StoreIdentityError
+from pipeline.errors import StateDirInUseError, StoreIdentityError
 from pipeline.state import directory
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget
 from pipeline.state.store import Change, PartitionStore
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.topology import load
+from tests.unit.worker.fakes import TOPOLOGY_PATH
 
 HOUR = 3_600_000
 OURS = StoreIdentity("app", "group", "raw", 0, "changelog", "cluster-a", "topic-1")
@@ -116,3 +121,55 @@ async def test_a_fetch_larger_than_the_whole_budget_still_runs_alone() -> None:
     budget = RestoreBudget(64)
     async with budget.hold(1000):
         pass
+
+
+def test_a_second_worker_of_a_group_on_one_state_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """Two workers of one group on one state dir would wait on each other's stores for minutes: the second is
+    refused at once, naming the first's pid; another group, or the same one after a release, is fine."""
+    topology = load(TOPOLOGY_PATH)
+    first = directory.StateDirLock(tmp_path, topology, "g")
+    first.acquire()
+    try:
+        with pytest.raises(StateDirInUseError, match=f"pid {os.getpid()}"):
+            directory.StateDirLock(tmp_path, topology, "g").acquire()
+        other = directory.StateDirLock(tmp_path, topology, "h")
+        other.acquire()
+        other.release()
+    finally:
+        first.release()
+    again = directory.StateDirLock(tmp_path, topology, "g")
+    again.acquire()
+    again.release()
+
+
+def test_the_worker_command_refuses_a_busy_state_dir_in_one_line_before_reaching_kafka(
+    tmp_path: Path,
+) -> None:
+    """``pipeline worker`` on a state dir another worker of its group holds: exit 1, one line, at once."""
+    topology = load(TOPOLOGY_PATH)
+    held = directory.StateDirLock(tmp_path, topology, topology.app)
+    held.acquire()
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "worker",
+                "--bootstrap",
+                "127.0.0.1:1",
+                "--topology",
+                str(TOPOLOGY_PATH),
+                "--state-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        held.release()
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "in use by another worker" in result.stderr
