@@ -13,6 +13,7 @@ group and injects seeded random faults:
 - ``sigstop``: SIGSTOP a worker for longer than the session timeout (its partitions move),
   then SIGCONT it: a zombie with an open transaction that must be fenced;
 - ``broker``: ``kafka.sh restart`` (stop and start, keeping the data);
+- ``outage``: the broker stopped for 90 s (longer than a transaction may stay open), then started;
 - ``join``: start one more worker in the group;
 - ``leave``: SIGTERM a worker (it must commit and exit 0).
 
@@ -53,7 +54,8 @@ from workload import SOURCES, Materializer, plan
 
 from pipeline import kafka, topology
 
-FAULT_KINDS = ("sigkill", "sigstop", "broker", "join", "leave")
+FAULT_KINDS = ("sigkill", "sigstop", "broker", "outage", "join", "leave")
+OUTAGE_S = 90.0  # an ``outage`` keeps the broker down this long: longer than a transaction may stay open
 
 
 class HarnessError(RuntimeError):
@@ -319,6 +321,15 @@ def inject(
         fault.note = f"kafka.sh restart took {took:.1f}s"
         completed = time.monotonic()
         run.say(f"fault {fault.number}: broker back after {took:.1f}s")
+    elif fault.kind == "outage":
+        fault.target = broker.bootstrap
+        run.say(f"fault {fault.number}: broker down for {OUTAGE_S:.0f}s")
+        broker.stop()
+        time.sleep(OUTAGE_S)
+        took = broker.start()
+        fault.note = f"broker down {OUTAGE_S:.0f}s (transactions time out after 60s), back in {took:.1f}s"
+        completed = time.monotonic()
+        run.say(f"fault {fault.number}: broker back")
     elif fault.kind == "join":
         fault.target = f"w{len(workers.procs) + 1}"
         run.say(f"fault {fault.number}: {fault.target} joins")

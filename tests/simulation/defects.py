@@ -1,0 +1,202 @@
+"""The defects the simulation was built to find, each re-introduced into a copy of ``pipeline/``.
+
+``python -m tests.simulation.defects N [--seed S]`` copies ``pipeline/`` into a temporary
+directory, undoes fix N there (the exact change below, the code as it stood before the
+fix), and runs simulation seeds against that copy: each must fail, while the same seeds
+pass on the code as it is. ``tests/simulation/test_defects.py`` checks that for the seed
+``docs/reliability.md`` records for each. A patch that no longer applies means the code it
+undoes changed: update the patch to undo the fix as the code now has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+Patch = tuple[str, str, str]  # file under pipeline/, text of the fix, text before it
+
+DEFECTS: dict[int, tuple[str, list[Patch]]] = {
+    1: (
+        "a record whose outputs the broker refuses stops its partition",
+        [
+            (
+                "state/transaction.py",
+                "        bounds = self.timestamps.get(topic)\n        if self.restamp or bounds is not None:",
+                "        bounds = None\n        if False:",
+            ),
+            (
+                "worker/poison.py",
+                "        earlier = self.poison.get(start)\n        if earlier is not None and earlier.reason != RESTAMP:",
+                "        earlier = None\n        if False:",
+            ),
+            (
+                "worker/poison.py",
+                "        if earlier is None and isinstance(cause, InvalidTimestampError):",
+                "        if False:",
+            ),
+            (
+                "worker/partition.py",
+                "                if txn.producer.needs_replacing:",
+                "                if False:",
+            ),
+        ],
+    ),
+    2: (
+        "one record can expire the whole seen-set",
+        [
+            (
+                "worker/event_stage.py",
+                "        if timestamp > self._horizon:\n            timestamp = self._skewed(delivery, item.key)\n",
+                "",
+            ),
+            (
+                "worker/event_stage.py",
+                "            txn.consumed(delivery.offset)",
+                "            txn.consumed(delivery.offset)\n            txn.observe(delivery.timestamp)",
+            ),
+            (
+                "worker/effect_stage.py",
+                "        timestamp = min(delivery.timestamp, self._horizon)",
+                "        timestamp = delivery.timestamp",
+            ),
+        ],
+    ),
+    3: (
+        "a store that outlived its changelog is trusted",
+        [
+            (
+                "state/store_meta.py",
+                "            if (stored.cluster, stored.changelog_id) != (identity.cluster, identity.changelog_id):",
+                "            if False:",
+            ),
+            (
+                "state/restore.py",
+                "            if start > end:\n",
+                "            if start > end:\n                return 0\n",
+            ),
+        ],
+    ),
+    4: (
+        "a fence seen mid-batch is treated as a broken producer",
+        [
+            (
+                "kafka/transactional.py",
+                (
+                    "        except ProducerFenced as exc:\n            raise self._fence(exc) from exc\n"
+                    "        except (AssertionError, IllegalOperation, KafkaError) as exc:\n"
+                    "            raise self._dead(exc) from exc"
+                ),
+                (
+                    "        except ProducerFenced:\n            return\n"
+                    "        except (AssertionError, IllegalOperation, KafkaError) as exc:\n"
+                    "            raise self._dead(exc) from exc"
+                ),
+            ),
+            (
+                "kafka/transactional.py",
+                "        if self.fenced or isinstance(cause, ProducerFenced):",
+                "        if False:",
+            ),
+        ],
+    ),
+    5: (
+        "a reopen racing a rebalance leaves a partition behind",
+        [
+            (
+                "worker/loop.py",
+                "        return not self._rebalancing and tp in self._require(self._consumer).assignment()",
+                "        return tp in self._require(self._consumer).assignment()",
+            ),
+            (
+                "worker/loop.py",
+                "        if self._owned.get(tp) is owned:\n            del self._owned[tp]\n        await self._close(owned, commit=False)",
+                "        await self._close(owned, commit=False)",
+            ),
+        ],
+    ),
+    6: (
+        "producer batches larger than their topic takes",
+        [
+            (
+                "state/transaction.py",
+                "        return self.producer.batch(min(self.limits.get(topic, MAX_MESSAGE_BYTES), MAX_MESSAGE_BYTES))",
+                "        return self.producer.batch(MAX_MESSAGE_BYTES)",
+            ),
+        ],
+    ),
+}
+
+#: Run in the child: the editable install's import hook removed, the copy first on the path.
+_CHILD = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path[:0] = [{copy!r}, {root!r}]
+import pipeline
+assert pipeline.__file__.startswith({copy!r}), pipeline.__file__
+from tests.simulation import run
+sys.exit(run.main({args!r}))
+"""
+
+
+def make_copy(defect: int, where: Path) -> Path:
+    """``pipeline/`` copied under ``where`` with defect ``defect`` re-introduced; returns the copy's parent."""
+    target = where / "pipeline"
+    shutil.copytree(ROOT / "pipeline", target, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for name, fixed, before in DEFECTS[defect][1]:
+        path = target / name
+        text = path.read_text()
+        if fixed not in text:
+            raise SystemExit(f"defect {defect}: {name} no longer has the fix this patch undoes:\n{fixed}")
+        path.write_text(text.replace(fixed, before))
+    return where
+
+
+def run_with_defect(
+    defect: int, args: list[str], *, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tests.simulation.run <args>`` (in one process) against a copy with ``defect``."""
+    with tempfile.TemporaryDirectory(prefix=f"defect-{defect}-") as tmp:
+        copy = make_copy(defect, Path(tmp))
+        code = _CHILD.format(copy=str(copy), root=str(ROOT), args=[*args, "--jobs", "1"])
+        env = dict(os.environ, PYTHONHASHSEED="0", PIPELINE_PURE_PYTHON="1")
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.simulation.defects", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("defect", type=int, choices=sorted(DEFECTS))
+    parser.add_argument("--seed", type=int, help="run this seed (default: search --seeds from --first)")
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--first", type=int, default=0)
+    args = parser.parse_args(argv)
+    run_args = (
+        ["--seed", str(args.seed)]
+        if args.seed is not None
+        else ["--seeds", str(args.seeds), "--first", str(args.first), "--stop-after", "3"]
+    )
+    result = run_with_defect(args.defect, run_args, timeout=36000)
+    out = result.stdout
+    print(out if len(out) < 20000 else out[:6000] + "\n...\n" + out[-6000:], end="")
+    print(result.stderr[-3000:], end="", file=sys.stderr)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
