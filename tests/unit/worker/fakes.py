@@ -196,6 +196,7 @@ class FakeProducer:
         self.fail_commit_if: Failure | None = None  # given the transaction's records
         self.on_commit: Callable[[], None] | None = None  # runs as commit_transaction starts
         self.commit_gate: asyncio.Event | None = None  # when set up, commit_transaction waits for it
+        self.stop_gate: asyncio.Event | None = None  # when set up, stop waits for it
         self.in_transaction = False
         self.pending: list[Sent] = []  # sent in the open transaction
         self.committed: list[Sent] = []
@@ -235,6 +236,8 @@ class FakeProducer:
 
     async def stop(self) -> None:
         self.calls.append("stop")
+        if self.stop_gate is not None:  # aiokafka's stop waits for what is still being delivered
+            await self.stop_gate.wait()
         self.stopped = True
 
     def create_batch(self) -> BatchBuilder:

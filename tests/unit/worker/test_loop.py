@@ -486,3 +486,32 @@ async def test_a_partition_is_paused_by_the_bytes_it_has_queued_not_only_by_thei
         assert part.queued_bytes >= 1024 * 1024
         assert len(part.queue) < 1000
     await w.stop()
+
+
+async def test_a_broken_partition_closing_as_a_rebalance_begins_is_not_reopened_for_the_old_assignment(
+    start_worker: Starter,
+) -> None:
+    """A BROKEN partition is being closed when the group starts rebalancing (aiokafka still lists the old
+    assignment until the sync): it is not reopened meanwhile, so no producer fences the partition's next owner,
+    and nothing of it stays in the worker's table to be skipped when the group gives it back."""
+    w = await start_worker(assign={TP0}, logs=_logs(2))
+    w.run()
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    part = w.worker._owned[TP0].part
+    producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
+    gate = asyncio.Event()
+    producers[-1].stop_gate = gate  # its close takes a while
+    part.lifecycle.move(S.BROKEN)
+    await eventually(lambda: TP0 not in w.worker._owned)  # the loop took it out and is closing it
+    made = len(producers)
+    await w.worker.partitions_revoked(set())  # the rebalance begins (nothing of TP0 left to revoke)
+    gate.set()
+    await asyncio.sleep(0.05)
+    assert len(producers) == made  # no producer started for it while the group rebalances
+    assert TP0 not in w.worker._owned
+    w.consumer.assigned.discard(TP0)  # the sync gave it to another worker
+    await w.worker.partitions_assigned(set())
+    w.consumer.assigned.add(TP0)  # ... and a later rebalance gives it back here
+    await w.worker.partitions_assigned({TP0})
+    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    await w.stop()
