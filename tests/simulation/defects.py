@@ -119,6 +119,23 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
                 "        if self._owned.get(tp) is owned:\n            del self._owned[tp]\n        await self._close(owned, commit=False)",
                 "        await self._close(owned, commit=False)",
             ),
+            # the revoked partitions left the table only as their closes began, in the background
+            (
+                "worker/loop.py",
+                "            self._owned.pop(tp)\n            for tp in sorted(revoked",
+                "            self._owned[tp]\n            for tp in sorted(revoked",
+            ),
+            (
+                "worker/loop.py",
+                "        await asyncio.gather(*(self._close(owned, commit=True) for owned in gone))",
+                (
+                    "        async def pop_and_close(owned: Owned) -> None:\n"
+                    "            if self._owned.get(owned.part.tp) is owned:\n"
+                    "                del self._owned[owned.part.tp]\n"
+                    "            await self._close(owned, commit=True)\n\n"
+                    "        await asyncio.gather(*(pop_and_close(owned) for owned in gone))"
+                ),
+            ),
         ],
     ),
     6: (
