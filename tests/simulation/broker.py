@@ -266,6 +266,7 @@ class Group:
         self.committed: dict[tuple[str, int], int] = {}
         self.pending_offsets: dict[int, dict[tuple[str, int], int]] = {}  # producer id -> offsets
         self.rebalance_deadline: float = 0.0
+        self.stable_since: float = 0.0
         self.rebalance_timer: asyncio.TimerHandle | None = None
 
 
@@ -287,6 +288,7 @@ class Broker:
         self.marker_delay = (0.0005, 0.02)
         self._scan: asyncio.TimerHandle | None = None
         self.injected: list[tuple[str, str, str]] = []  # (fault, detail, transactional id): answered once
+        self.storm_until = 0.0  # until then every AddPartitionsToTxn kills its producer's sender
         self.owner_violations: list[str] = []
         self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
 
@@ -440,6 +442,8 @@ class Broker:
         if txn is None:
             return dict.fromkeys(tps, error)
         injected = self._injected("add-partitions", txn_id)
+        if not injected and self.now() < self.storm_until:
+            injected = INVALID_TXN_STATE  # a storm: every transaction's producer dies for a while
         if injected:
             return dict.fromkeys(tps, injected)
         self._open(txn)
@@ -657,6 +661,7 @@ class Broker:
             for m in group.members.values():
                 m.assignment = given.get(m.member_id, b"")
             group.state = "stable"
+            group.stable_since = self.now()
             self.trace(f"broker: group {group.group_id}: generation {group.generation} stable")
             for m in group.members.values():
                 if m.sync is not None and not m.sync.done():

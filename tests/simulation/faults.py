@@ -26,6 +26,9 @@ KINDS = (
     "foreign-store",  # a worker restarts on a store that belongs to another cluster
     "refuse-outputs",  # a topic's limits change under the workers (timestamps, sizes)
 )
+STORM = (
+    "fatal-storm"  # for a while every transaction's producer dies: partitions break and reopen over and over
+)
 
 
 @dataclass(frozen=True)

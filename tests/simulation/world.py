@@ -22,6 +22,7 @@ from random import Random
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
 from pipeline.config import WorkerSettings
@@ -86,6 +87,15 @@ class Scenario:
             session_s=session_ms / 1000,
         )
         small_limits = rng.random() < 0.25
+        if rng.random() < 0.2:  # partitions breaking over and over while the group moves them
+            at = rng.uniform(0.5, workload.duration + 5.0)
+            faults = sorted(
+                [*faults, Fault(at, fault_module.STORM, 0, rng.uniform(2.0, 15.0))], key=lambda f: f.at
+            )
+            if not any(f.kind in ("join", "leave", "crash", "pause") for f in faults):
+                kind = rng.choice(("join", "leave", "crash"))
+                extra = Fault(at + rng.uniform(0.0, 5.0), kind, rng.randrange(workers), rng.uniform(1.0, 8.0))
+                faults = sorted([*faults, extra], key=lambda f: f.at)
         return cls(seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits)
 
     def describe(self) -> str:
@@ -220,6 +230,29 @@ class World:
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
 
+    async def _watch_ownership(self) -> None:
+        """Every partition is served only where the group assigns it: once a generation has been stable a
+        moment, no member serves a partition the group gave another (a worker that kept one through a
+        rebalance would handle its records beside their owner)."""
+        while True:
+            await asyncio.sleep(0.25)
+            group = self.broker.group(GROUP)
+            if group.state != "stable" or self.loop.time() - group.stable_since < 1.0:
+                continue
+            for member in group.members.values():
+                slot = next((s for s in self.slots if s.process is member.process and s.running), None)
+                if slot is None or slot.worker is None or not member.assignment:
+                    continue
+                assigned = set(ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions())
+                for tp, owned in list(slot.worker._owned.items()):
+                    if owned.part.serving and tp not in assigned:
+                        problem = (
+                            f"{member.process.name} serves {tp.topic}-{tp.partition}, which generation "
+                            f"{group.generation} does not assign it"
+                        )
+                        if problem not in self.problems:
+                            self.problems.append(problem)
+
     def note(self, line: str) -> None:
         self.trace.append(f"{self.loop.time():9.3f} {line}")
 
@@ -277,6 +310,7 @@ class World:
             self._start(slot)
         producer = self.loop.spawn(None, self._produce(), "workload")
         injector = self.loop.spawn(None, self._inject(), "faults")
+        self.loop.spawn(None, self._watch_ownership(), "ownership")
         await producer
         await injector
         settled = await self._settle()
@@ -442,6 +476,9 @@ class World:
             if txn_id in self.broker.txns:
                 while self.broker.init_producer_id(txn_id, 60_000)[0] == b.CONCURRENT_TRANSACTIONS:
                     await asyncio.sleep(0.05)
+            return
+        if kind == fault_module.STORM:
+            self.broker.storm_until = self.loop.time() + fault.duration
             return
         if kind in ("producer-fatal", "commit-refused"):
             txn_id = f"{APP}-{GROUP}-{self.topology.topics.input}-{fault.target}"
