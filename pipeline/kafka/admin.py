@@ -88,10 +88,19 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
 
 
 def check_bootstrap(bootstrap: str) -> None:
-    """ConfigError unless ``bootstrap`` is a comma-separated list of ``host[:port]``."""
+    """ConfigError unless ``bootstrap`` is a comma-separated list of ``host:port``.
+
+    A host without a port is refused rather than given Kafka's 9092 silently: a
+    newcomer's ``--bootstrap 127.0.0.1`` would otherwise reach another broker, or none.
+    """
     for entry in bootstrap.split(","):
         host, colon, port = entry.strip().rpartition(":")
-        if not entry.strip() or (colon and not (host and port.isdigit() and 0 < int(port) < 65536)):
+        if entry.strip() and not colon:
+            raise ConfigError(
+                f"bootstrap servers {bootstrap!r}: {entry.strip()!r} has no port; give host:port"
+                f" (e.g. {entry.strip()}:9092)"
+            )
+        if not entry.strip() or not (host and port.isdigit() and 0 < int(port) < 65536):
             raise ConfigError(f"bootstrap servers {bootstrap!r}: {entry.strip()!r} is not host:port")
 
 
