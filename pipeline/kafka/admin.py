@@ -21,6 +21,7 @@ from pipeline.topology import Topology
 log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
+UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +219,32 @@ async def partition_count(bootstrap: str, topic: str) -> int | None:
     return _served_partitions(described)
 
 
+def missing_topic(topic: str) -> ConfigError:
+    """The one line that says ``topic`` does not exist, and what to run."""
+    return ConfigError(f"topic {topic} does not exist: run 'pipeline topics create' first")
+
+
+async def require_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) -> int:
+    """How many partitions ``topic`` has; ConfigError at once when the broker does not know it.
+
+    One metadata answer says so, where a producer or consumer would retry until its
+    own timeout. A topic the broker knows but does not serve whole yet (just created)
+    is waited for, up to ``timeout`` seconds.
+    """
+    async with admin_client(bootstrap, timeout=timeout) as admin:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            [described] = await admin.describe_topics([topic])
+            count = _served_partitions(described)
+            if count is not None:
+                return count
+            if described.get("error_code") == UNKNOWN_TOPIC_OR_PARTITION:
+                raise missing_topic(topic)
+            if asyncio.get_running_loop().time() > deadline:
+                raise BrokerUnavailableError(f"topic {topic} is not served by Kafka at {bootstrap} yet")
+            await asyncio.sleep(0.1)
+
+
 def _served_partitions(described: dict[str, Any]) -> int | None:
     """The partition count in one topic's metadata, or ``None`` when the broker does not serve it."""
     if described.get("error_code", 0) != 0 or not described.get("partitions"):
@@ -254,7 +281,7 @@ async def topic_layout(bootstrap: str, topology: Topology) -> tuple[dict[str, in
     for name in names:
         count = await partition_count(bootstrap, name)
         if count is None:
-            raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
+            raise missing_topic(name)
         counts[name] = count
     for source, changelog in stages:
         if counts[changelog] != counts[source]:
