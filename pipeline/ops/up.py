@@ -100,7 +100,14 @@ class Up:
     async def start(self) -> None:
         """Start everything, in dependency order."""
         topo = topology.load(self.settings.topology)
-        if self.settings.bootstrap is None:
+        broker = LocalBroker.here(self.settings.kafka_port) if self.settings.bootstrap is None else None
+        if broker is not None:
+            broker.check()
+        # every port before anything starts: the broker alone takes seconds
+        refuse_busy_ports(
+            broker, ingress_port=self.settings.ingress_port, metrics_port=self.settings.metrics_port
+        )
+        if broker is not None:
             await self._start_broker()
         self.out(f"Kafka         {self.bootstrap}")
         results = await kafka.ensure_topics(self.bootstrap, kafka.topic_specs(topo))
@@ -208,8 +215,6 @@ class Up:
 
     async def _start_broker(self) -> None:
         broker = LocalBroker.here(self.settings.kafka_port)
-        broker.check()
-        refuse_busy_ports(broker)
         self.out(f"Starting the local Kafka broker on 127.0.0.1:{self.settings.kafka_port} ...")
         self._started_broker = True  # from here on, stopping it is ours (an interrupted start too)
         if await broker.run("start") != 0:
