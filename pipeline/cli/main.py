@@ -79,10 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(args.log_level, args.library_log_level)
     handler: Handler = args.handler
     try:
-        if getattr(args, "bootstrap", None) is not None:  # a flag or KAFKA_BOOTSTRAP_SERVERS
-            from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415  (aiokafka: Kafka commands only)
-
-            check_bootstrap(args.bootstrap)
         if getattr(args, "topology", None) is not None:  # a bare name or a missing default: the packaged one
             args.topology = str(resolve_topology(args.topology))
         return handler(args)

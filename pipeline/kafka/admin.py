@@ -93,6 +93,8 @@ def check_bootstrap(bootstrap: str) -> None:
 
     A host without a port is refused rather than given Kafka's 9092 silently: a
     newcomer's ``--bootstrap 127.0.0.1`` would otherwise reach another broker, or none.
+    Every command meets it before its first connection (:func:`admin_client`); the
+    ingress and ``up`` also before they start anything.
     """
     for entry in bootstrap.split(","):
         host, colon, port = entry.strip().rpartition(":")
