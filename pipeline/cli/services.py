@@ -20,11 +20,11 @@ from pipeline.service import Service
 
 # The cyclic GC's first generation runs every 700 allocations by default. A
 # worker batch keeps thousands of parsed event trees alive until its commit,
-# so each run rescans them (5-20% of the worker's CPU, ``bench/hotpath.py``).
+# so each run rescans them (measured with ``bench/hotpath.py``).
 # Not much higher than 10,000, though: some of what aiokafka's fetch path
 # allocates is freed only by the collector (its fetch buffers, by the look of
-# it), and at 50,000 a worker reading 1M small records peaked at 860 MiB RSS
-# instead of 290 MiB (``bench/worker_bench.py --only worker-preloaded``).
+# it), and a much higher threshold let a worker's peak RSS triple
+# (``bench/worker_bench.py --only worker-preloaded``; docs/benchmarks.md, Worker).
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
