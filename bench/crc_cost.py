@@ -24,8 +24,8 @@ from pathlib import Path
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_bench import make_stream, source_headers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.lib
+from bench.lib.workload import make_stream, source_headers
 
 BATCH = 2000
 
