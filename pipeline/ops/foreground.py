@@ -45,6 +45,13 @@ def busy_port(ports: Iterable[int], host: str = "127.0.0.1") -> int | None:
     return None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on ``host`` now, for a service asked to listen on port 0."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def controller_port(port: int, environ: dict[str, str] | os._Environ[str] | None = None) -> int:
     """The controller port kafka.sh uses with broker port ``port``."""
     env = os.environ if environ is None else environ

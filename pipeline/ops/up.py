@@ -25,14 +25,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline import kafka, resources, topology
 from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
-from pipeline.ops.foreground import refuse_busy_ports, second_terminal
+from pipeline.ops.foreground import free_port, refuse_busy_ports, second_terminal
 from pipeline.ops.sign import curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
@@ -107,6 +107,8 @@ class Up:
         refuse_busy_ports(
             broker, ingress_port=self.settings.ingress_port, metrics_port=self.settings.metrics_port
         )
+        if self.settings.metrics_port == 0:  # printed below, and in the second terminal's lines
+            self.settings = replace(self.settings, metrics_port=free_port())
         if broker is not None:
             await self._start_broker()
         self.out(f"Kafka         {self.bootstrap}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.wheel import ROOT, Venv, environment, free_port, run, running, wait_for_match
+from tests.integration.wheel import ROOT, Venv, environment, free_port, run, running, stop, wait_for_match
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -128,7 +128,7 @@ def test_up_checks_every_port_before_it_starts_the_broker(venv: Venv, here: Path
 def test_port_zero_logs_the_port_it_got(
     venv: Venv, here: Path, bootstrap: str, unique: Callable[[str], str]
 ) -> None:
-    """``worker --metrics-port 0`` and ``ingress --port 0`` log the port the system chose, which answers."""
+    """``worker --metrics-port 0`` and ``ingress --port 0`` log the port they got, and ``up`` prints it; each answers."""
     pipeline = str(venv.bin / "pipeline")
     env = {**environment(venv), "PIPELINE_LOG_LEVEL": "INFO"}
     run([pipeline, "topics", "create", "--bootstrap", bootstrap], cwd=here, env=env)
@@ -153,6 +153,15 @@ def test_port_zero_logs_the_port_it_got(
             assert port != 0
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
                 assert response.status == 200
+    up = [pipeline, "up", "--bootstrap", bootstrap, "--state-dir", "up-state"]
+    with running([*up, "--ingress-port", "0", "--metrics-port", "0"], here, env) as process:
+        assert process.stdout is not None
+        port = int(wait_for_match(process, process.stdout, r"metrics\s+http://127\.0\.0\.1:(\d+)/metrics")[1])
+        assert port != 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert response.status == 200
+        code, err = stop(process)
+        assert code == 0, err
 
 
 def test_dlq_list_refuses_an_unknown_reason(venv: Venv, here: Path) -> None:
