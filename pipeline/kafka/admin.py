@@ -136,7 +136,7 @@ async def ensure_topics(
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     message = rest[0] if rest else ""
                     raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
-            await _until_visible(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
+            await until_served(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
             results += [TopicResult(s.name, "created", s.partitions) for s in missing]
         present = [s for s in specs if s.name in existing]
         current = await _read_configs(admin, [s.name for s in present if s.configs])
@@ -195,12 +195,13 @@ async def _read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dic
     return configs
 
 
-async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:
-    """Wait until the broker's metadata shows each created topic with all its partitions.
+async def until_served(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:
+    """Wait until the broker's metadata shows each topic of ``wanted`` with all its partitions.
 
-    CreateTopics answers once the controller has created them; a fresh broker can
-    take a moment more to serve them, and a worker started right after
-    ``pipeline topics create`` would find them missing.
+    CreateTopics (and CreatePartitions) answer once the controller has made them; a
+    broker can take a moment more to serve them, and a worker started right after
+    ``pipeline topics create`` would find them missing, as a producer writing to a
+    partition ``pipeline rescale`` just added would (aiokafka asserts it knows it).
     """
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
