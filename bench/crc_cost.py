@@ -10,7 +10,7 @@ best of ``--repeat`` runs, as aiokafka's fetcher does with each batch it receive
 ``validate_crc()`` (what ``check_crcs=True`` adds), and reading every record out of the
 batch (what the consumer does in any case). Printed: µs per record for each, and the
 check as a share of the read. Compare the check with the worker's CPU per event under load
-(``bench/worker_bench.py``, 27-37 µs on the machine of ``docs/benchmarks.md``). No broker.
+(``bench/worker_bench.py``; the current figures of both are in ``docs/benchmarks.md``). No broker.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_bench import make_stream, source_headers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.lib
+from bench.lib.workload import make_stream, source_headers
 
 BATCH = 2000
 

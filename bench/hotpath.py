@@ -32,9 +32,9 @@ from aiokafka import TopicPartition
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.structs import ConsumerRecord
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from worker_bench import make_stream, source_headers, write_topology
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.lib
+from bench.lib.topology_file import write_topology
+from bench.lib.workload import make_stream, source_headers
 from pipeline.cli import tune_gc
 from pipeline.kafka import KeyPartitioner
 from pipeline.state.store import PartitionStore, bucket_width

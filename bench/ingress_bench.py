@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib.report import machine_info  # noqa: E402
+from bench.lib.topology_file import write_topology  # noqa: E402
 from pipeline import kafka, topology  # noqa: E402
 from pipeline.ingress.event_loop import loop_factory  # noqa: E402
 from pipeline.ingress.server import Ingress, IngressSettings  # noqa: E402
@@ -154,28 +155,6 @@ async def _bare_server() -> tuple[web.AppRunner, int]:
     return runner, int(runner.addresses[0][1])
 
 
-def _topology_file(directory: Path, app: str, partitions: int) -> Path:
-    path = directory / f"{app}.toml"
-    path.write_text(
-        f"""
-[app]
-name = "{app}"
-[topics]
-input = "{app}.raw"
-commands = "{app}.events"
-audit = "{app}.deliveries"
-dlq = "{app}.dlq"
-changelog = "{app}-seen-changelog"
-partitions = {partitions}
-[sources.stripe]
-provider = "stripe"
-secrets = ["{SECRET_ENV}"]
-""",
-        encoding="utf-8",
-    )
-    return path
-
-
 async def _run_in_background(url: str, args: argparse.Namespace) -> dict[str, object]:
     """The load against ``url``, and the server's CPU per request (this process serves; the load is another)."""
     cpu = time.process_time()
@@ -197,7 +176,7 @@ async def _ingress(args: argparse.Namespace, event_loop: str) -> dict[str, objec
     os.environ[SECRET_ENV] = SECRET
     app = f"bench-ingress-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
-        path = _topology_file(Path(tmp), app, args.partitions)
+        path = write_topology(Path(tmp) / f"{app}.toml", app, args.partitions, secret_env=SECRET_ENV)
         specs = kafka.topic_specs(topology.load(path))
         await kafka.ensure_topics(args.bootstrap, specs)
         try:
@@ -234,18 +213,6 @@ def _bench(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
             coro = _bare(args) if server == "bare" else _ingress(args, event_loop)
             results.append((name, runner.run(coro)))
     return results
-
-
-def _machine() -> str:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"nproc {os.cpu_count()}, CPU {model}, Python {platform.python_version()} ({platform.system()})"
 
 
 def _table(results: list[tuple[str, dict[str, object]]]) -> str:
@@ -309,7 +276,7 @@ def main() -> int:
         result = asyncio.run(_load(args.load, args.requests, args.concurrency, args.max_seconds, args.warmup))
         print(json.dumps(result))
         return 0
-    print(f"machine: {_machine()}")
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in machine_info().items()))
     print(
         f"command: python bench/ingress_bench.py --bootstrap {args.bootstrap} "
         f"--requests {args.requests} --concurrency {args.concurrency} --rounds {args.rounds}"

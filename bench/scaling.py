@@ -37,19 +37,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import re
 import shutil
-import socket
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import worker_bench as wb
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.lib
+from bench.lib import broker, phases, report, topology_file, worker_runs, worker_table, workload
+from bench.lib import procs as processes
 from pipeline import kafka, topology
 from pipeline.kafka import owner_partition
 from pipeline.state.decision import Entry
@@ -83,9 +83,9 @@ def child_pids(parent: int) -> list[int]:
 
 
 class Supervised:
-    """``pipeline worker --processes N`` seen by ``worker_bench.drain``: CPU of the supervisor and its children."""
+    """``pipeline worker --processes N`` seen by ``bench.lib.phases.drain``: CPU of the supervisor and its children."""
 
-    def __init__(self, proc: wb.Proc) -> None:
+    def __init__(self, proc: processes.Proc) -> None:
         self.proc = proc
         self.started = proc.started
 
@@ -96,7 +96,7 @@ class Supervised:
         total = self.proc.cpu_seconds()
         for pid in child_pids(self.proc.pid):
             try:
-                total += wb.pid_cpu_seconds(pid)
+                total += report.pid_cpu_seconds(pid)
             except OSError:  # exited in between
                 continue
         return total
@@ -113,24 +113,10 @@ class Supervised:
         return max(peaks)
 
 
-def free_port_pair() -> int:
-    """A port that is free, and so is the next one (a supervisor's children take base + i)."""
-    for _ in range(50):
-        port = wb.free_port()
-        if port < 65535:
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise wb.BenchError("no two consecutive free ports")
-
-
 class Procs:
-    """Several worker processes seen as one by ``worker_bench.drain`` (CPU summed)."""
+    """Several worker processes seen as one by ``bench.lib.phases.drain`` (CPU summed)."""
 
-    def __init__(self, procs: list[wb.Proc]) -> None:
+    def __init__(self, procs: list[processes.Proc]) -> None:
         self.procs = procs
         self.started = min(p.started for p in procs)
 
@@ -160,10 +146,10 @@ async def wait_for_spread(procs: Procs, ports: list[int], partitions: int, *, ti
         procs.check()
         counts = [await asyncio.to_thread(assigned_partitions, port) for port in ports]
         if sum(counts) == partitions and all(counts):
-            wb.say(f"  partitions per process: {counts}")
+            report.say(f"  partitions per process: {counts}")
             return
         if time.monotonic() > deadline:
-            raise wb.BenchError(
+            raise report.BenchError(
                 f"the group did not spread {partitions} partitions in {timeout:.0f}s: {counts}"
             )
         await asyncio.sleep(0.5)
@@ -196,7 +182,7 @@ def fill_stores(state: Path, input_topic: str, partitions: int, keys: int, *, no
                 pending[part] = {}
             if time.monotonic() - last_report >= 10:
                 last_report = time.monotonic()
-                wb.say(f"  store fill: {n:,}/{keys:,} keys ({n / (last_report - began):,.0f}/s)")
+                report.say(f"  store fill: {n:,}/{keys:,} keys ({n / (last_report - began):,.0f}/s)")
         for part, batch in enumerate(pending):
             if batch:
                 stores[part].write(batch, changelog_offset=None, stream_time=now_ms - 86_400_000)
@@ -204,20 +190,20 @@ def fill_stores(state: Path, input_topic: str, partitions: int, keys: int, *, no
     finally:
         for store in stores:
             store.close()
-    wb.say(f"  store fill: {keys:,} keys written (estimated per partition: {counts})")
+    report.say(f"  store fill: {keys:,} keys written (estimated per partition: {counts})")
     return time.monotonic() - began
 
 
 class Scaling:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.bench = wb.Bench(args)
+        self.bench = worker_runs.Bench(args)
 
-    async def run_worker_row(self, row: Row, result: wb.Result) -> None:
+    async def run_worker_row(self, row: Row, result: phases.Result) -> None:
         bench, args = self.bench, self.args
         stream = bench.require(bench.stream)
         app = bench.app(row.name)
-        topo_path = wb.write_topology(bench.work / f"{app}.toml", app, row.partitions)
+        topo_path = topology_file.write_topology(bench.work / f"{app}.toml", app, row.partitions)
         topo = topology.load(topo_path)
         topics = topo.topics
         group, state = f"{app}-group", bench.work / f"{row.name}-state"
@@ -229,7 +215,7 @@ class Scaling:
             result.preload = {
                 "keys": row.store_keys,
                 "seconds": round(seconds, 1),
-                "store_disk_mib": round(wb.dir_bytes(state) / 2**20, 1),
+                "store_disk_mib": round(report.dir_bytes(state) / 2**20, 1),
             }
         commands_start = await bench.broker.end_offsets(topics.commands)
         audit_start = await bench.broker.end_offsets(topics.audit)
@@ -237,7 +223,7 @@ class Scaling:
             await self.run_supervised_row(row, result, topo_path, state, group)
             await bench.check_worker(result, topics.commands, commands_start, topics.audit, audit_start)
             return
-        ports = [wb.free_port() for _ in range(row.processes)]
+        ports = [processes.free_port() for _ in range(row.processes)]
         procs = [
             bench.start(
                 f"{row.name}-{i}",
@@ -255,7 +241,7 @@ class Scaling:
         # The drain is timed once the group has spread the partitions: the start-up rebalances of
         # several processes joining one after another are not what this row measures.
         await wait_for_spread(Procs(procs), ports, row.partitions, timeout=60)
-        await wb.produce_backlog(
+        await broker.produce_backlog(
             args.bootstrap, topics.input, row.partitions, stream.records(), len(stream), f"{row.name} backlog"
         )
         start = dict.fromkeys(range(row.partitions), 0)
@@ -263,7 +249,7 @@ class Scaling:
         async def handled() -> int:
             return await bench.committed_progress(group, topics.input, start)
 
-        result.drain = await wb.drain(
+        result.drain = await phases.drain(
             Procs(procs),  # type: ignore[arg-type]
             handled,
             len(stream),
@@ -271,23 +257,23 @@ class Scaling:
             label=row.name,
             broker_pid=bench.broker_pid,
         )
-        bench.report_drain(result)
+        worker_table.report_drain(result)
         result.peak_rss_mib = max(p.status_kib("VmHWM") for p in procs) / 1024
         for proc in procs:
             code = await proc.stop()
-            result.warnings += wb.log_findings(proc.log_path)
+            result.warnings += report.log_findings(proc.log_path)
             if code not in (0, None):
                 result.warnings.append(f"{proc.name}: exit status {code}")
         await bench.check_worker(result, topics.commands, commands_start, topics.audit, audit_start)
 
     async def run_supervised_row(
-        self, row: Row, result: wb.Result, topo_path: Path, state: Path, group: str
+        self, row: Row, result: phases.Result, topo_path: Path, state: Path, group: str
     ) -> None:
         """One ``pipeline worker --processes N``; its children take metrics ports base + i."""
         bench, args = self.bench, self.args
         stream = bench.require(bench.stream)
         topics = topology.load(topo_path).topics
-        base = free_port_pair() if row.processes == 2 else wb.free_port()
+        base = processes.free_port_pair() if row.processes == 2 else processes.free_port()
         sup = bench.start(
             row.name,
             [
@@ -304,7 +290,7 @@ class Scaling:
         supervised = Supervised(sup)
         ports = [base + i for i in range(row.processes)]
         await wait_for_spread(supervised, ports, row.partitions, timeout=90)  # type: ignore[arg-type]
-        await wb.produce_backlog(
+        await broker.produce_backlog(
             args.bootstrap, topics.input, row.partitions, stream.records(), len(stream), f"{row.name} backlog"
         )
         start = dict.fromkeys(range(row.partitions), 0)
@@ -312,7 +298,7 @@ class Scaling:
         async def handled() -> int:
             return await bench.committed_progress(group, topics.input, start)
 
-        result.drain = await wb.drain(
+        result.drain = await phases.drain(
             supervised,  # type: ignore[arg-type]
             handled,
             len(stream),
@@ -320,10 +306,10 @@ class Scaling:
             label=row.name,
             broker_pid=bench.broker_pid,
         )
-        bench.report_drain(result)
+        worker_table.report_drain(result)
         result.peak_rss_mib = supervised.peak_rss_kib() / 1024
         code = await sup.stop(timeout=45)
-        result.warnings += wb.log_findings(sup.log_path)
+        result.warnings += report.log_findings(sup.log_path)
         if code != 0:
             result.warnings.append(f"{sup.name}: exit status {code}")
 
@@ -343,30 +329,30 @@ class Scaling:
 
     async def run(self) -> int:
         bench, args = self.bench, self.args
-        info = wb.machine_info()
-        wb.say(f"scaling bench {bench.run_id}: {args.events:,} events; work dir {bench.work}")
-        wb.say("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
-        bench.stream = wb.make_stream(
+        info = report.machine_info()
+        report.say(f"scaling bench {bench.run_id}: {args.events:,} events; work dir {bench.work}")
+        report.say("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+        bench.stream = workload.make_stream(
             random.Random(args.seed), args.events, args.dup_ratio, min_size=1024, max_size=2048
         )
         await bench.broker.start()
         try:
             if not args.only or "passthrough" in args.only:
-                result = wb.Result("passthrough", "passthrough (aiokafka, at least once), 4 partitions")
+                result = phases.Result("passthrough", "passthrough (aiokafka, at least once), 4 partitions")
                 bench.results.append(result)
-                wb.say(f"== {result.label}")
+                report.say(f"== {result.label}")
                 await self.guarded(result, bench.run_passthrough(result))
             for row in self.rows():
-                result = wb.Result(row.name, row.label)
+                result = phases.Result(row.name, row.label)
                 bench.results.append(result)
-                wb.say(f"== {row.label}")
+                report.say(f"== {row.label}")
                 await self.guarded(result, self.run_worker_row(row, result))
                 if result.checks:
-                    wb.say(
+                    report.say(
                         f"  output check {'ok' if result.checks.get('ok') else 'MISMATCH'}: {result.checks}"
                     )
                 for line in result.warnings:
-                    wb.say(f"  log: {line}")
+                    report.say(f"  log: {line}")
                 shutil.rmtree(bench.work / f"{row.name}-state", ignore_errors=True)
         finally:
             await bench.stop_all()
@@ -375,12 +361,12 @@ class Scaling:
         self.print_table(info)
         return 0 if all(r.error is None and r.checks.get("ok", True) for r in bench.results) else 1
 
-    async def guarded(self, result: wb.Result, work: object) -> None:
+    async def guarded(self, result: phases.Result, work: object) -> None:
         try:
             await work  # type: ignore[misc]
-        except (wb.BenchError, OSError) as exc:
+        except (report.BenchError, OSError) as exc:
             result.error = str(exc) or repr(exc)
-            wb.say(f"  {result.name} FAILED: {result.error}")
+            report.say(f"  {result.name} FAILED: {result.error}")
         finally:
             await self.bench.stop_all()
 
@@ -404,7 +390,7 @@ class Scaling:
             )
         print()
         print(f"Worker scaling: {self.args.events:,} events (30% duplicates, 1-2 KB bodies) per row")
-        wb.print_markdown(header, rows)
+        report.print_markdown(header, rows)
         one = next((r.drain for r in results if r.name == "worker-1x6" and r.drain), None)
         sup = next((r.drain for r in results if r.name == "worker-sup2x6" and r.drain), None)
         if one and sup:
@@ -417,7 +403,7 @@ class Scaling:
         )
         print(
             f"machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Python {info['python']}, "
-            f"Kafka {info['kafka']}, {info['libraries']}; load average at end {wb.loadavg()}"
+            f"Kafka {info['kafka']}, {info['libraries']}; load average at end {report.loadavg()}"
         )
         for r in results:
             if r.drain:
@@ -432,7 +418,7 @@ class Scaling:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", default=wb.os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     parser.add_argument("--events", type=int, default=200_000, help="backlog records per row")
     parser.add_argument(
         "--store-keys", type=int, default=10_000_000, help="keys in the store of the last row"
@@ -447,7 +433,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.events, args.store_keys = 40_000, 1_000_000
     # what worker_bench's helpers read
-    base = wb.parse_args(["--bootstrap", args.bootstrap, "--partitions", "4", "--latency-seconds", "0"])
+    base = worker_runs.parse_args(
+        ["--bootstrap", args.bootstrap, "--partitions", "4", "--latency-seconds", "0"]
+    )
     for name, value in vars(base).items():
         if not hasattr(args, name):
             setattr(args, name, value)

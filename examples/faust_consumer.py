@@ -39,14 +39,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import faust
 import orjson
-import psycopg
 
 from pipeline import topology
 from pipeline.downstream import Command, CommandRecordError
 from pipeline.downstream.faust_agent import Outcome, apply_once_agent, read_committed_app
 from pipeline.resources import resolve_topology
+
+try:  # the faust and postgres extras: one line naming them, not a traceback
+    import faust
+    import psycopg
+except ImportError as exc:
+    sys.exit(f"examples/faust_consumer.py needs {exc.name}: pip install 'webhook-pipeline[faust,postgres]'")
 
 SCHEMA = (
     (

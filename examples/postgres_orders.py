@@ -46,7 +46,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-import psycopg
 
 from pipeline import topology
 from pipeline.downstream import (
@@ -59,6 +58,11 @@ from pipeline.downstream import (
     store_offset_async,
 )
 from pipeline.resources import resolve_topology
+
+try:  # the postgres extra: one line naming it, not a traceback
+    import psycopg
+except ImportError:
+    sys.exit("examples/postgres_orders.py needs psycopg: pip install 'webhook-pipeline[postgres]'")
 
 log = logging.getLogger("postgres_orders")
 

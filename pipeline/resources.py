@@ -1,10 +1,11 @@
 """The files shipped inside the package: the topologies and the local broker script.
 
-The wheel carries ``pipeline/topologies/*.toml`` and ``pipeline/ops/kafka/``
+The wheel carries ``pipeline/topologies/*.toml`` (and their reference,
+``README.md``) and ``pipeline/ops/kafka/``
 (``kafka.sh``, ``probe.py``, ``pom.xml``, ``log4j2.properties``), so an
 installed ``pipeline`` works from any directory. In the checkout,
 ``deploy/kafka/`` links to ``pipeline/ops/kafka/``, and ``topologies/`` holds
-byte-identical copies of the packaged topologies
+byte-identical copies of the packaged topologies and their README
 (``tests/unit/test_packaging.py`` checks it): edit both.
 
 A topology option that names no existing file falls back to the packaged
@@ -38,6 +39,11 @@ def topologies_dir() -> Path:
 def kafka_dir() -> Path:
     """Where the packaged local broker script and its files are."""
     return package_dir() / "ops" / "kafka"
+
+
+def topology_reference() -> Path:
+    """The topology reference (the checkout's ``topologies/README.md``) as the package carries it."""
+    return topologies_dir() / "README.md"
 
 
 def packaged_topologies() -> dict[str, Path]:

@@ -65,20 +65,21 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # bench/, for worker_bench
+sys.path.insert(0, str(HERE.parents[1]))  # the checkout: bench.lib
 
 import psycopg  # noqa: E402
 import redis  # noqa: E402
-import worker_bench as wb  # noqa: E402
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from aiokafka.errors import KafkaError  # noqa: E402
 
+from bench.lib import broker, phases, report, topology_file, workload  # noqa: E402
+from bench.lib import procs as processes  # noqa: E402
 from pipeline import kafka, topology  # noqa: E402
 from pipeline.config import WORKER_DEFAULTS  # noqa: E402
 from pipeline.kafka import TopicSpec  # noqa: E402
 
 ROOT = HERE.parents[1]
-say = wb.say
+say = report.say
 CONTENDERS = ("passthrough", "worker", "faust-alo", "faust-eos", "quix-eos", "redis", "postgres")
 LABELS = {
     "passthrough": "passthrough (aiokafka, no state, at least once)",
@@ -111,8 +112,8 @@ class Crash:
 class Row:
     name: str
     label: str
-    drain: wb.Drain | None = None
-    latency: wb.Latency | None = None
+    drain: phases.Drain | None = None
+    latency: phases.Latency | None = None
     peak_rss_mib: float = float("nan")
     store_cpu_per_100k: float = float("nan")  # the Redis / PostgreSQL server's CPU over the drain
     store_rss_mib: float = float("nan")
@@ -128,11 +129,11 @@ class RedisServer:
     """Debian's redis-server on a free port, no persistence (only the consumer is killed, never Redis)."""
 
     def __init__(self, work: Path) -> None:
-        self.port = wb.free_port()
+        self.port = processes.free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         binary = shutil.which("redis-server")
         if binary is None:
-            raise wb.BenchError("redis-server is not installed (apt-get install -y redis-server)")
+            raise report.BenchError("redis-server is not installed (apt-get install -y redis-server)")
         log = (work / "redis-server.log").open("ab")
         self.popen = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
@@ -141,7 +142,7 @@ class RedisServer:
             cwd=work,
             start_new_session=True,
         )
-        wb._LIVE.append(self.popen)
+        processes._LIVE.append(self.popen)
 
     async def ready(self) -> None:
         client = redis.Redis(port=self.port)
@@ -151,7 +152,7 @@ class RedisServer:
                     client.close()
                     return
             await asyncio.sleep(0.1)
-        raise wb.BenchError("redis-server did not answer")
+        raise report.BenchError("redis-server did not answer")
 
     def reset(self) -> None:
         with redis.Redis(port=self.port) as client:
@@ -175,7 +176,7 @@ class PostgresServer:
     """``scripts/postgres.sh`` on a free port, data under the work dir."""
 
     def __init__(self, work: Path) -> None:
-        self.port = wb.free_port()
+        self.port = processes.free_port()
         self.env = dict(os.environ, PG_RUN_DIR=str(work / "postgres"))
         (work / "postgres").mkdir(exist_ok=True)
         work.chmod(0o755)  # the server runs as another user: it must reach its directory
@@ -189,7 +190,7 @@ class PostgresServer:
             check=False,
         )
         if out.returncode != 0:
-            raise wb.BenchError(f"postgres.sh start failed: {out.stderr.strip()[-500:]}")
+            raise report.BenchError(f"postgres.sh start failed: {out.stderr.strip()[-500:]}")
         self.started = True
         self.url = out.stdout.strip().splitlines()[-1]
         self.data = work / "postgres" / str(self.port) / "data"
@@ -232,7 +233,7 @@ def cpu_of(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         with contextlib.suppress(OSError):
-            total += wb.pid_cpu_seconds(pid)
+            total += report.pid_cpu_seconds(pid)
     return total
 
 
@@ -255,19 +256,19 @@ class Bench:
         self.run_id = f"alt{time.strftime('%m%d%H%M%S')}{random.randrange(16**3):03x}"
         self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="alternatives-bench-"))
         self.work.mkdir(parents=True, exist_ok=True)
-        self.broker = wb.Broker(args.bootstrap)
-        self.broker_pid = wb.find_broker_pid(args.bootstrap)
-        self.procs: list[wb.Proc] = []
+        self.broker = broker.Broker(args.bootstrap)
+        self.broker_pid = report.find_broker_pid(args.bootstrap)
+        self.procs: list[processes.Proc] = []
         self.rows: list[Row] = []
         self.stores: list[RedisServer | PostgresServer] = []
         self.rng = random.Random(args.seed + 7)
-        self.stream: wb.Stream | None = None
-        self.latency_stream: wb.Stream | None = None
+        self.stream: workload.Stream | None = None
+        self.latency_stream: workload.Stream | None = None
         self.hw_consumer: AIOKafkaConsumer | None = None
 
     # -- processes ------------------------------------------------------------------------------------------
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> wb.Proc:
-        proc = wb.Proc(name, argv, self.work / f"{name}.log", env)
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.Proc:
+        proc = processes.Proc(name, argv, self.work / f"{name}.log", env)
         self.procs.append(proc)
         say(f"  started {name} (pid {proc.pid}); log {proc.log_path}")
         return proc
@@ -295,7 +296,7 @@ class Bench:
         commit_ms = args.commit_interval_ms
         common = ["--bootstrap", args.bootstrap, "--input", input_topic, "--output", output, "--group", group]
         if name == "passthrough":
-            argv = [py, str(wb.PASSTHROUGH), *common, "--commit-interval-ms", str(commit_ms)]
+            argv = [py, str(processes.PASSTHROUGH), *common, "--commit-interval-ms", str(commit_ms)]
             return argv, None
         if name == "worker":
             topo = state.with_suffix(".toml")
@@ -312,7 +313,7 @@ class Bench:
                 str(state),
                 "--group",
                 group,
-                *wb.worker_bounds(args.worker_commit_interval_ms, args.max_batch),
+                *processes.worker_bounds(args.worker_commit_interval_ms, args.max_batch),
             ], None
         if name.startswith("faust"):
             env = {
@@ -338,7 +339,7 @@ class Bench:
         """Create the contender's topics (and topology); return its output topic."""
         args = self.args
         if name == "worker":
-            topo_path = wb.write_topology(state.with_suffix(".toml"), app, args.partitions)
+            topo_path = topology_file.write_topology(state.with_suffix(".toml"), app, args.partitions)
             text = topo_path.read_text().replace(f'input = "{app}.raw"', f'input = "{input_topic}"')
             topo_path.write_text(text)
             topo = topology.load(topo_path)
@@ -360,7 +361,7 @@ class Bench:
         app = f"{self.run_id}-{name}"
         input_topic = f"{app}.raw"
         await self.broker.create([TopicSpec(input_topic, args.partitions)])
-        await wb.produce_backlog(
+        await broker.produce_backlog(
             args.bootstrap, input_topic, args.partitions, stream.records(), len(stream), f"{name} backlog"
         )
         if name in ("redis", "postgres"):
@@ -382,7 +383,7 @@ class Bench:
             return await self.progress(group, input_topic)
 
         # the speed measurement: from the first committed record to the kill point
-        row.drain = await wb.drain(
+        row.drain = await phases.drain(
             proc, handled, kill_at, timeout=args.drain_timeout, label=name, broker_pid=self.broker_pid
         )
         # the kill lands anywhere in the commit cycle, not just after the commit that crossed the mark
@@ -415,7 +416,7 @@ class Bench:
             while not (members := await self.broker.group_members(group)) or members & members_before:
                 proc.check()
                 if time.monotonic() - began > args.drain_timeout:
-                    raise wb.BenchError(f"{name} did not rejoin its group after the restart")
+                    raise report.BenchError(f"{name} did not rejoin its group after the restart")
                 await asyncio.sleep(0.1)
             row.crash.recovery_seconds = float("nan")
             say(
@@ -426,7 +427,7 @@ class Bench:
             while await handled() <= done:
                 proc.check()
                 if time.monotonic() - began > args.drain_timeout:
-                    raise wb.BenchError(f"{name} made no progress after the restart")
+                    raise report.BenchError(f"{name} made no progress after the restart")
                 await asyncio.sleep(0.1)
             row.crash.recovery_seconds = time.monotonic() - began
             say(f"  {name}: first progress {row.crash.recovery_seconds:.1f}s after the restart")
@@ -434,7 +435,7 @@ class Bench:
         row.crash.readable_after_seconds = await blocked
         await self.wait_stable(output)  # the latency phase measures the steady state
         if self.latency_stream is not None:
-            row.latency = await wb.latency_phase(
+            row.latency = await phases.latency_phase(
                 args.bootstrap,
                 self.broker,
                 proc,
@@ -452,17 +453,17 @@ class Bench:
                 f"CPU {lat.cpu_us_per_event:.0f} µs per event meanwhile"
             )
             total += len(self.latency_stream)
-            await wb.drain(proc, handled, total, timeout=120, label=f"{name} (catching up)")
+            await phases.drain(proc, handled, total, timeout=120, label=f"{name} (catching up)")
         row.peak_rss_mib = max(row.peak_rss_mib, proc.status_kib("VmHWM") / 1024)
         code = await proc.stop()
-        row.warnings = wb.log_findings(proc.log_path)
+        row.warnings = report.log_findings(proc.log_path)
         say(f"  {name} stopped (exit {code}); peak RSS {row.peak_rss_mib:.0f} MiB")
         shutil.rmtree(state, ignore_errors=True)
         await self.count_outputs(row.crash, name, output)
 
     async def finish_crash_pass(
-        self, crash: Crash, proc: wb.Proc, handled: Any, argv: list[str], env: dict[str, str] | None
-    ) -> wb.Proc:
+        self, crash: Crash, proc: processes.Proc, handled: Any, argv: list[str], env: dict[str, str] | None
+    ) -> processes.Proc:
         """Drain to the end after the restart; a contender stalled for ``--stall-seconds`` is restarted again."""
         args, name = self.args, crash.name
         deadline = time.monotonic() + args.drain_timeout
@@ -477,10 +478,10 @@ class Bench:
                 last_report = now
                 say(f"  {name} (after restart): {done:,}/{crash.records:,} committed")
             if now > deadline:
-                raise wb.BenchError(f"{name}: {done:,}/{crash.records:,} after the restart; giving up")
+                raise report.BenchError(f"{name}: {done:,}/{crash.records:,} after the restart; giving up")
             if now - last_change > args.stall_seconds:
                 if len(crash.stalls) >= 2:
-                    raise wb.BenchError(f"{name}: stalled at {done:,}/{crash.records:,} after restarts")
+                    raise report.BenchError(f"{name}: stalled at {done:,}/{crash.records:,} after restarts")
                 crash.stalls.append(done)
                 say(
                     f"  {name}: STALLED at {done:,}/{crash.records:,} for {args.stall_seconds:.0f}s; restarting it"
@@ -501,7 +502,7 @@ class Bench:
         await self.wait_stable(output)
         seen: Counter[bytes] = Counter()
         parts = dict.fromkeys(range(self.args.partitions), 0)
-        crash.outputs = await wb.scan(
+        crash.outputs = await broker.scan(
             self.args.bootstrap, output, parts, on_record=lambda r: seen.update((r.key,)), timeout=600
         )
         for key in expected.keys() | seen.keys():
@@ -571,9 +572,9 @@ class Bench:
             await asyncio.sleep(0.5)
 
     @staticmethod
-    def require(value: wb.Stream | None) -> wb.Stream:
+    def require(value: workload.Stream | None) -> workload.Stream:
         if value is None:
-            raise wb.BenchError("no data generated")
+            raise report.BenchError("no data generated")
         return value
 
     # -- the run --------------------------------------------------------------------------------------------
@@ -582,20 +583,20 @@ class Bench:
         task = asyncio.current_task()
         if task is not None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-        info = wb.machine_info()
+        info = report.machine_info()
         say(
             f"alternatives bench {self.run_id}: {args.events:,} events, {args.partitions} partitions, "
             f"{args.dup_ratio:.0%} duplicates, latency {args.latency_rate:,.0f}/s for {args.latency_seconds:g}s, "
-            f"commit interval {args.commit_interval_ms} ms; load average {wb.loadavg()}; work dir {self.work}"
+            f"commit interval {args.commit_interval_ms} ms; load average {report.loadavg()}; work dir {self.work}"
         )
         say("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
         began = time.monotonic()
-        self.stream = wb.make_stream(
+        self.stream = workload.make_stream(
             random.Random(args.seed), args.events, args.dup_ratio, min_size=1024, max_size=2048
         )
         latency_total = int(args.latency_rate * args.latency_seconds)
         if latency_total > 0:
-            self.latency_stream = wb.make_stream(
+            self.latency_stream = workload.make_stream(
                 random.Random(args.seed + 2), latency_total, args.dup_ratio, min_size=1024, max_size=2048
             )
         say(
@@ -610,7 +611,7 @@ class Bench:
                 say(f"== {row.label}")
                 try:
                     await self.run_contender(row)
-                except (wb.BenchError, KafkaError, OSError, subprocess.SubprocessError) as exc:
+                except (report.BenchError, KafkaError, OSError, subprocess.SubprocessError) as exc:
                     row.error = str(exc) or repr(exc)
                     say(f"  {name} FAILED: {row.error}")
                 finally:
@@ -705,7 +706,7 @@ class Bench:
         print()
         print(
             f"machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Python {info['python']}, "
-            f"Kafka {info['kafka']} (one local KRaft broker), {info['libraries']}; load average at end {wb.loadavg()}"
+            f"Kafka {info['kafka']} (one local KRaft broker), {info['libraries']}; load average at end {report.loadavg()}"
         )
         print("alternatives: " + alternative_versions())
         for r in self.rows:

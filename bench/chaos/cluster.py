@@ -135,7 +135,8 @@ class Workers:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-                env=dict(os.environ, PIPELINE_LOG_LEVEL="INFO"),
+                # aiokafka's own lines too: the run reads "Joined group" to see a zombie rejoin
+                env=dict(os.environ, PIPELINE_LOG_LEVEL="INFO", PIPELINE_LIBRARY_LOG_LEVEL="INFO"),
                 start_new_session=True,  # Ctrl-C reaches only us; we stop the workers ourselves
             )
         previous = self.procs.get(name)

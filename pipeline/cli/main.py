@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
 from pipeline import __version__
+from pipeline.cli.logs import LIBRARY_LOG_ENV, QUIET, configure, level_number
 from pipeline.cli.services import add_service_commands, cmd_topics, cmd_worker
 from pipeline.cli.settings import Handler, SettingsParser, add_common, add_worker_settings, env_default
 from pipeline.cli.tools import add_dlq_commands, add_tool_commands, cmd_init
@@ -20,7 +20,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = SettingsParser(prog="pipeline", description="Handle every webhook exactly once.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
-        "--log-level", default=env_default("PIPELINE_LOG_LEVEL", "INFO"), help="default %(default)s"
+        "--log-level",
+        type=_level,
+        default=env_default("PIPELINE_LOG_LEVEL", "INFO"),
+        help="the pipeline's own lines (env PIPELINE_LOG_LEVEL, default %(default)s)",
+    )
+    parser.add_argument(
+        "--library-log-level",
+        type=_level,
+        default=env_default(LIBRARY_LOG_ENV, QUIET),
+        help=f"the Kafka client's (aiokafka's) lines, e.g. info or error (env {LIBRARY_LOG_ENV},"
+        " default %(default)s: the one-line errors say what went wrong)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -53,15 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _level(text: str) -> str:
+    """A log level's name as given (``info``, ``DEBUG``, ``off``); a usage error otherwise."""
+    try:
+        level_number(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip().upper()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure(args.log_level, args.library_log_level)
     handler: Handler = args.handler
     try:
         if getattr(args, "topology", None) is not None:  # a bare name or a missing default: the packaged one

@@ -20,11 +20,11 @@ from pipeline.service import Service
 
 # The cyclic GC's first generation runs every 700 allocations by default. A
 # worker batch keeps thousands of parsed event trees alive until its commit,
-# so each run rescans them (5-20% of the worker's CPU, ``bench/hotpath.py``).
+# so each run rescans them (measured with ``bench/hotpath.py``).
 # Not much higher than 10,000, though: some of what aiokafka's fetch path
 # allocates is freed only by the collector (its fetch buffers, by the look of
-# it), and at 50,000 a worker reading 1M small records peaked at 860 MiB RSS
-# instead of 290 MiB (``bench/worker_bench.py --only worker-preloaded``).
+# it), and a much higher threshold let a worker's peak RSS triple
+# (``bench/worker_bench.py --only worker-preloaded``; docs/benchmarks.md, Worker).
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
@@ -57,8 +57,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = worker_settings(args)
     topo = topology.load(settings.topology, os.environ)
     credentials.require_secrets(topo, topology.Verify.WORKER)
-    check_bootstrap(settings.bootstrap)
-    if args.processes > 1:
+    if args.processes > 1:  # before any child starts; one worker is refused where it first connects
+        check_bootstrap(settings.bootstrap)
         from pipeline.worker.supervisor import Supervisor, child_specs  # noqa: PLC0415
 
         specs = child_specs(settings.for_topology(topo.app), args.processes, log_level=args.log_level)
@@ -115,8 +115,10 @@ def cmd_ingress(args: argparse.Namespace) -> int:
     from pipeline import topology  # noqa: PLC0415
     from pipeline.ingress.event_loop import loop_factory  # noqa: PLC0415
     from pipeline.ingress.server import Ingress  # noqa: PLC0415
+    from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
 
     settings = ingress_settings(args)
+    check_bootstrap(settings.bootstrap)  # before the start's warnings about unset secrets
     topo = topology.load(settings.topology, os.environ)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         return runner.run(run_service(Ingress(settings, topo)))
@@ -138,9 +140,12 @@ def cmd_rescale(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
 
+    from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
     from pipeline.ops.foreground import run_foreground  # noqa: PLC0415
     from pipeline.ops.up import Up, UpSettings  # noqa: PLC0415
 
+    if args.bootstrap is not None:
+        check_bootstrap(args.bootstrap)
     settings = UpSettings(
         topology=Path(args.topology),
         state_dir=Path(args.state_dir),

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
 
 from pipeline.errors import BodyError, BrokerUnavailableError, ConfigError
+from pipeline.kafka.admin import require_topic
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class KafkaSink:
 
     async def start(self, *, timeout: float = 30.0) -> None:
         """Connect, and learn the input topic's partition count (ConfigError when it is missing)."""
+        # asked first: the producer's metadata cannot tell a missing topic from one being created
+        await require_topic(self.bootstrap, self.topic, timeout=min(timeout, 10.0))
         producer = self._new_producer()
         try:
             await asyncio.wait_for(producer.start(), timeout)

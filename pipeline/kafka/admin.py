@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_ALREADY_EXISTS = 36
 NO_LIMIT_MS = 2**63 - 1  # Kafka's Long.MAX_VALUE: no bound
+UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +94,21 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
 
 
 def check_bootstrap(bootstrap: str) -> None:
-    """ConfigError unless ``bootstrap`` is a comma-separated list of ``host[:port]``."""
+    """ConfigError unless ``bootstrap`` is a comma-separated list of ``host:port``.
+
+    A host without a port is refused rather than given Kafka's 9092 silently: a
+    newcomer's ``--bootstrap 127.0.0.1`` would otherwise reach another broker, or none.
+    Every command meets it before its first connection (:func:`admin_client`); the
+    ingress and ``up`` also before they start anything.
+    """
     for entry in bootstrap.split(","):
         host, colon, port = entry.strip().rpartition(":")
-        if not entry.strip() or (colon and not (host and port.isdigit() and 0 < int(port) < 65536)):
+        if entry.strip() and not colon:
+            raise ConfigError(
+                f"bootstrap servers {bootstrap!r}: {entry.strip()!r} has no port; give host:port"
+                f" (e.g. {entry.strip()}:9092)"
+            )
+        if not entry.strip() or not (host and port.isdigit() and 0 < int(port) < 65536):
             raise ConfigError(f"bootstrap servers {bootstrap!r}: {entry.strip()!r} is not host:port")
 
 
@@ -129,7 +141,7 @@ async def ensure_topics(
                 if code not in (0, TOPIC_ALREADY_EXISTS):
                     message = rest[0] if rest else ""
                     raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
-            await _until_visible(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
+            await until_served(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
             results += [TopicResult(s.name, "created", s.partitions) for s in missing]
         present = [s for s in specs if s.name in existing]
         current = await _read_configs(admin, [s.name for s in present if s.configs])
@@ -188,12 +200,13 @@ async def _read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dic
     return configs
 
 
-async def _until_visible(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:
-    """Wait until the broker's metadata shows each created topic with all its partitions.
+async def until_served(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, timeout: float) -> None:
+    """Wait until the broker's metadata shows each topic of ``wanted`` with all its partitions.
 
-    CreateTopics answers once the controller has created them; a fresh broker can
-    take a moment more to serve them, and a worker started right after
-    ``pipeline topics create`` would find them missing.
+    CreateTopics (and CreatePartitions) answer once the controller has made them; a
+    broker can take a moment more to serve them, and a worker started right after
+    ``pipeline topics create`` would find them missing, as a producer writing to a
+    partition ``pipeline rescale`` just added would (aiokafka asserts it knows it).
     """
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -212,6 +225,32 @@ async def partition_count(bootstrap: str, topic: str) -> int | None:
     async with admin_client(bootstrap) as admin:
         [described] = await admin.describe_topics([topic])
     return _served_partitions(described)
+
+
+def missing_topic(topic: str) -> ConfigError:
+    """The one line that says ``topic`` does not exist, and what to run."""
+    return ConfigError(f"topic {topic} does not exist: run 'pipeline topics create' first")
+
+
+async def require_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) -> int:
+    """How many partitions ``topic`` has; ConfigError at once when the broker does not know it.
+
+    One metadata answer says so, where a producer or consumer would retry until its
+    own timeout. A topic the broker knows but does not serve whole yet (just created)
+    is waited for, up to ``timeout`` seconds.
+    """
+    async with admin_client(bootstrap, timeout=timeout) as admin:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            [described] = await admin.describe_topics([topic])
+            count = _served_partitions(described)
+            if count is not None:
+                return count
+            if described.get("error_code") == UNKNOWN_TOPIC_OR_PARTITION:
+                raise missing_topic(topic)
+            if asyncio.get_running_loop().time() > deadline:
+                raise BrokerUnavailableError(f"topic {topic} is not served by Kafka at {bootstrap} yet")
+            await asyncio.sleep(0.1)
 
 
 def _served_partitions(described: dict[str, Any]) -> int | None:
@@ -284,7 +323,7 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
         for name in names:
             count = described.get(name)
             if count is None:
-                raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
+                raise missing_topic(name)
             counts[name] = count
         for source, changelog in stages:
             if counts[changelog] != counts[source]:

@@ -18,7 +18,7 @@ import orjson
 
 from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.durations import parse_duration
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 
 Header = tuple[str, bytes | None]
 
@@ -27,6 +27,26 @@ ERROR_SHOWN = 100
 KEY_SHOWN = 120
 _SHA256_PREFIX = b"sha256:"
 _TS_MAX_MS = 7_258_118_400_000  # 2200-01-01, as the contract's timestamps
+
+#: Every reason a DLQ record can carry (docs/design.md, section 7), and ``unparseable`` for a
+#: record that is not a DLQ record at all; tests/unit/test_dlq.py checks it against the worker.
+DLQ_REASONS = (
+    "bad-body",
+    "bad-effect-record",
+    "bad-header",
+    "bad-signature",
+    "bad-timestamp",
+    "handler-error",
+    "invalid",
+    "key-mismatch",
+    "missing-effect-key",
+    "missing-key",
+    "too-large",
+    "unknown-command-topic",
+    "unknown-source",
+    "unproducible",
+    "unparseable",
+)
 
 
 class NotReplayableError(PipelineError):
@@ -142,8 +162,15 @@ def records_of(values: Iterable[str] | None) -> frozenset[tuple[int, int]]:
 
 
 def reasons_of(values: Iterable[str] | None) -> frozenset[str]:
-    """``--reason`` given once or more, each possibly comma-separated."""
-    return frozenset(r.strip() for value in values or () for r in value.split(",") if r.strip())
+    """``--reason`` given once or more, each possibly comma-separated; ConfigError naming the known
+    reasons for one that no DLQ record can carry (a typo would otherwise match nothing, silently)."""
+    reasons = frozenset(r.strip() for value in values or () for r in value.split(",") if r.strip())
+    unknown = sorted(reasons - set(DLQ_REASONS))
+    if unknown:
+        raise ConfigError(
+            f"no DLQ record has reason {', '.join(map(repr, unknown))}; the reasons are {', '.join(DLQ_REASONS)}"
+        )
+    return reasons
 
 
 # -- rebuilding the original record -----------------------------------------------------------

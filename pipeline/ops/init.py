@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline import topology
 from pipeline.config import DEFAULT_TOPOLOGY, WORKER_DEFAULTS, WORKER_OPTIONS
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.resources import packaged_topologies
+from pipeline.resources import packaged_topologies, topology_reference
 from pipeline.topology import Topology
 
 DEFAULT_APP = "webhooks"
@@ -47,7 +47,7 @@ def starter_topology(app: str = DEFAULT_APP) -> str:
     return (
         "# Written by `pipeline init`: the packaged default topology"
         + (f' with the app named "{app}"' if app != DEFAULT_APP else "")
-        + ".\n# Every key is described in the project's topologies/README.md.\n"
+        + f".\n# Every key is described in the topology reference installed with it:\n#   {topology_reference()}\n"
         + renamed
     )
 

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewPartitions
 
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.kafka.admin import admin_client, partition_count, topic_specs
+from pipeline.kafka.admin import admin_client, partition_count, topic_specs, until_served
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.state.decision import Entry
 from pipeline.topology import Topology
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 ACTIVE_STATES = {"Stable", "PreparingRebalance", "CompletingRebalance"}
+SERVED_TIMEOUT_S = 30.0  # for partitions just added to be served by the broker
 
 
 class RescaleError(PipelineError):
@@ -135,6 +136,8 @@ async def _raise_partitions(bootstrap: str, topology: Topology, partitions: int,
                 progress(f"  {spec.name}: {count} partitions, nothing to do")
                 continue
             await admin.create_partitions({spec.name: NewPartitions(total_count=partitions)})
+            # before any entry is moved there: a producer that does not know a partition yet refuses it
+            await until_served(admin, {spec.name: partitions}, timeout=SERVED_TIMEOUT_S)
             progress(f"  {spec.name}: {count} -> {partitions} partitions")
 
 

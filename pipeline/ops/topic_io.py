@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from pipeline import providers
 from pipeline.contract import http_headers_to_kafka
 from pipeline.errors import InvalidRecordError, PipelineError
-from pipeline.kafka.admin import partition_count
+from pipeline.kafka.admin import partition_count, require_topic
 from pipeline.kafka.clients import started_producer, started_reader
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
@@ -114,11 +114,12 @@ async def produce_file(
     line skipped (unknown source, no key).
     """
     items = list(read_webhooks(path))
+    # before the producer, which would wait its whole request timeout for a missing topic
+    partitions = await require_topic(bootstrap, topology.topics.input)
     producer = await started_producer(bootstrap)
     problems: list[str] = []
     futures = []
     try:
-        partitions = len(await producer.partitions_for(topology.topics.input))
         for done, (number, item) in enumerate(items, 1):
             source = topology.sources.get(str(item["source"]))
             if source is None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline import kafka, resources, topology
@@ -34,7 +34,7 @@ from pipeline.console.server import Console
 from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
-from pipeline.ops.foreground import refuse_busy_ports, second_terminal
+from pipeline.ops.foreground import free_port, refuse_busy_ports, second_terminal
 from pipeline.ops.sign import curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
@@ -103,7 +103,16 @@ class Up:
     async def start(self) -> None:
         """Start everything, in dependency order."""
         topo = topology.load(self.settings.topology)
-        if self.settings.bootstrap is None:
+        broker = LocalBroker.here(self.settings.kafka_port) if self.settings.bootstrap is None else None
+        if broker is not None:
+            broker.check()
+        # every port before anything starts: the broker alone takes seconds
+        refuse_busy_ports(
+            broker, ingress_port=self.settings.ingress_port, metrics_port=self.settings.metrics_port
+        )
+        if self.settings.metrics_port == 0:  # printed below, and in the second terminal's lines
+            self.settings = replace(self.settings, metrics_port=free_port())
+        if broker is not None:
             await self._start_broker()
         self.out(f"Kafka         {self.bootstrap}")
         results = await kafka.ensure_topics(self.bootstrap, kafka.topic_specs(topo))
@@ -230,8 +239,6 @@ class Up:
 
     async def _start_broker(self) -> None:
         broker = LocalBroker.here(self.settings.kafka_port)
-        broker.check()
-        refuse_busy_ports(broker)
         self.out(f"Starting the local Kafka broker on 127.0.0.1:{self.settings.kafka_port} ...")
         self._started_broker = True  # from here on, stopping it is ours (an interrupted start too)
         if await broker.run("start") != 0:

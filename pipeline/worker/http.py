@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
 
@@ -92,3 +92,10 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
         await runner.cleanup()
         raise ConfigError(f"cannot serve metrics on port {port}: {exc}") from None
     return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port ``runner`` listens on: the one asked for, or the one the system chose for port 0."""
+    if not runner.addresses:
+        raise PipelineError("the worker's HTTP endpoint is not listening")
+    return int(runner.addresses[0][1])

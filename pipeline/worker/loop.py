@@ -179,7 +179,7 @@ class Worker:
             self.health,
         )
         self._http = await worker_http.serve(app, self.settings.http_host, port)
-        log.info("metrics and inspect endpoint on port %s", port)
+        log.info("metrics and inspect endpoint on port %s", worker_http.bound_port(self._http))
 
     def _stages(self) -> list[tuple[str, str]]:
         """Each consumed topic with the changelog of its seen-set."""

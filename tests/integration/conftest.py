@@ -14,6 +14,7 @@ from tests.conftest import Unique
 from tests.integration.browser import browser  # noqa: F401  (the console tests' headless Chromium)
 from tests.integration.harness import Env, write_topology
 from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401  (fixtures for this directory)
+from tests.integration.wheel import Venv, installed_wheel
 
 
 @pytest.fixture(autouse=True)
@@ -60,3 +61,9 @@ async def pipeline_env(
     yield make
     for env in envs:
         env.stop_all()
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """The wheel built from these sources, installed in a fresh virtualenv (once per session)."""
+    return installed_wheel(tmp_path_factory.mktemp("wheel"))

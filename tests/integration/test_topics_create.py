@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,6 +74,18 @@ def _create(bootstrap: str, path: Path, *more: str) -> subprocess.CompletedProce
     return _run_cli("topics", "create", "--bootstrap", bootstrap, "--topology", str(path), *more)
 
 
+async def _configs_when(
+    bootstrap: str, names: list[str], shown: Callable[[dict[str, dict[str, str]]], bool]
+) -> dict[str, dict[str, str]]:
+    """The topics' configs once ``shown`` holds (at most 10 s): a broker applies a change a moment after it answers."""
+    deadline = time.monotonic() + 10
+    while True:
+        configs = await kafka.describe_topic_configs(bootstrap, names)
+        if shown(configs) or time.monotonic() > deadline:
+            return configs
+        await asyncio.sleep(0.1)
+
+
 async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
     bootstrap: str, tmp_path: Path, unique: Callable[[str], str]
 ) -> None:
@@ -93,17 +106,21 @@ async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
                 ConfigResource(ConfigResourceType.TOPIC, changelog, configs={"cleanup.policy": "delete"}),
             ]
         )
-    for _ in range(50):  # the broker answers the alter before every reader sees it
-        before = await kafka.describe_topic_configs(bootstrap, [changelog])
-        if before[changelog]["cleanup.policy"] == "delete":
-            break
-        await asyncio.sleep(0.1)
+    before = await _configs_when(
+        bootstrap,
+        [input_topic, changelog],
+        lambda c: (
+            c[changelog]["cleanup.policy"] == "delete" and c[input_topic]["max.message.bytes"] == "2000"
+        ),
+    )
     assert before[changelog]["cleanup.policy"] == "delete"
 
     rerun = _create(bootstrap, path)
     assert rerun.returncode == 0, rerun.stderr
     assert "restored max.message.bytes=" in rerun.stdout
-    configs = await kafka.describe_topic_configs(bootstrap, [input_topic, changelog])
+    configs = await _configs_when(
+        bootstrap, [input_topic, changelog], lambda c: c[changelog]["cleanup.policy"] == "compact,delete"
+    )
     assert configs[input_topic]["retention.ms"] == "123456789"
     assert configs[input_topic]["max.message.bytes"] == str(kafka.MAX_MESSAGE_BYTES)
     assert configs[changelog]["cleanup.policy"] == "compact,delete"

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 import pytest
 
-from pipeline.contract import Delivery
+from pipeline.contract import BAD_TIMESTAMP, Delivery
 from pipeline.dead_letter import REPLAYED_FROM_HEADER, dlq_value
+from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.ops.dlq_records import (
+    DLQ_REASONS,
     DlqEntry,
     DlqFilter,
     NotReplayableError,
@@ -26,6 +30,10 @@ from pipeline.ops.dlq_records import (
 )
 from pipeline.worker.emitter import MAX_DLQ_KEY_BYTES
 from pipeline.worker.event_stage import replayed_from
+from pipeline.worker.poison import UNPRODUCIBLE
+from pipeline.worker.stage import HandlerFailedError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NOW_MS = int(NOW.timestamp() * 1000)
@@ -123,6 +131,41 @@ def test_records_pick_dlq_records_by_partition_and_offset() -> None:
     for bad in ("3", "a:1", "1:-2", "1:2:3"):
         with pytest.raises(ValueError, match="PARTITION:OFFSET"):
             records_of([bad])
+
+
+def test_an_unknown_reason_is_one_line_naming_the_known_ones() -> None:
+    """``--reason bogus`` raises ConfigError listing every reason a DLQ record can carry."""
+    with pytest.raises(ConfigError) as info:
+        reasons_of(["bad-signature,bogus"])
+    message = str(info.value)
+    assert "'bogus'" in message
+    assert "\n" not in message
+    assert all(reason in message for reason in DLQ_REASONS)
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
+
+
+def test_the_known_reasons_are_every_reason_the_worker_writes() -> None:
+    """DLQ_REASONS holds each invalid-record error's reason, the worker's own and the design's table."""
+    # the ingress's own (HTTP answers) and a downstream consumer's never reach the DLQ
+    elsewhere = ("pipeline.ingress", "pipeline.downstream")
+    errors = [cls for cls in _subclasses(InvalidRecordError) if not cls.__module__.startswith(elsewhere)]
+    written = {cls.reason for cls in errors}
+    written |= {UNPRODUCIBLE, BAD_TIMESTAMP, HandlerFailedError.reason}
+    sources = [ROOT / "pipeline" / "worker" / name for name in ("event_stage.py", "effect_stage.py")]
+    for text in (path.read_text(encoding="utf-8") for path in sources):
+        written |= set(re.findall(r'Invalid\("([a-z-]+)"', text))
+        written |= set(re.findall(r'return "([a-z-]+)", f?"', text))
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8").split("## 7.")[1].split("## 8.")[0]
+    named = set(re.findall(r"reason `([a-z-]+)`", design))
+    named |= {
+        r for group in re.findall(r"DLQ \(([^)]*)\)", design) for r in re.findall(r"`([a-z-]+)`", group)
+    }
+    assert written <= set(DLQ_REASONS)
+    assert named <= set(DLQ_REASONS)
+    assert set(DLQ_REASONS) == written | named | {"unparseable"}
 
 
 # --- rebuilding the original

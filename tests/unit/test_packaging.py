@@ -43,13 +43,15 @@ def _requirement_name(requirement: str) -> str:
 
 
 def test_packaged_topologies_are_the_repo_topologies_byte_for_byte() -> None:
-    """pipeline/topologies/ and topologies/ hold the same .toml files with the same bytes (edit both)."""
+    """pipeline/topologies/ and topologies/ hold the same .toml files and README with the same bytes (edit both)."""
     packaged = resources.packaged_topologies()
     repo = {path.stem: path for path in (ROOT / "topologies").glob("*.toml")}
     assert sorted(packaged) == sorted(repo)
     assert "default" in packaged
     for name, path in packaged.items():
         assert path.read_bytes() == repo[name].read_bytes(), f"{path} differs from {repo[name]}"
+    reference = resources.topology_reference()
+    assert reference.read_bytes() == (ROOT / "topologies" / "README.md").read_bytes()
 
 
 def test_packaged_broker_files_are_deploy_kafka_byte_for_byte() -> None:
@@ -64,7 +66,7 @@ def test_packaged_broker_files_are_deploy_kafka_byte_for_byte() -> None:
 def test_pyproject_ships_every_packaged_file() -> None:
     """Each packaged topology, broker file and console template, script and style sheet matches a package-data pattern."""
     patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["pipeline"]
-    shipped = [*resources.packaged_topologies().values()]
+    shipped = [*resources.packaged_topologies().values(), resources.topology_reference()]
     shipped += [resources.kafka_dir() / name for name in resources.KAFKA_FILES]
     console = resources.package_dir() / "console"
     shipped += [*(console / "templates").iterdir(), *(console / "static").iterdir()]
@@ -121,6 +123,28 @@ def test_downstream_without_psycopg_names_the_extra_in_one_line(monkeypatch: pyt
     assert "\n" not in message
     assert "pip install 'webhook-pipeline[postgres]'" in message
     assert isinstance(info.value, ImportError)
+
+
+@pytest.mark.parametrize(
+    ("example", "missing", "extra"),
+    [
+        ("postgres_orders.py", "psycopg", "postgres"),
+        ("faust_consumer.py", "faust", "faust,postgres"),
+        ("faust_consumer.py", "psycopg", "faust,postgres"),
+    ],
+)
+def test_an_example_without_its_extra_says_so_in_one_line(example: str, missing: str, extra: str) -> None:
+    """An example run without its extra's package ends in one line naming the pip install, exit 1."""
+    code = (
+        f"import runpy, sys; sys.modules[{missing!r}] = None; sys.argv = ['x', '--help']; "
+        f"runpy.run_path({str(ROOT / 'examples' / example)!r}, run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False, timeout=60
+    )
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"needs {missing}: pip install 'webhook-pipeline[{extra}]'" in result.stderr
 
 
 # -- topology resolution --------------------------------------------------------------------------
@@ -201,6 +225,10 @@ def test_init_writes_a_loadable_topology_and_an_env_template(
         for name in source.secret_env:
             assert f"\n{name}=\n" in env
     assert "wrote" in capsys.readouterr().out
+    header = (tmp_path / "new" / "topologies" / "default.toml").read_text(encoding="utf-8")[:400]
+    cited = re.search(r"^#\s+(/\S*README\.md)$", header, re.MULTILINE)
+    assert cited is not None, header
+    assert Path(cited[1]).is_file()
 
 
 def test_init_keeps_existing_files_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -220,6 +220,19 @@ def test_topics_create_bad_flags_are_one_line(args: list[str], message: str) -> 
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("command", [["topics", "create"], ["worker"], ["ingress"], ["tail", "x"], ["up"]])
+def test_a_bootstrap_without_a_port_is_refused(command: list[str], tmp_path: Path) -> None:
+    """``--bootstrap HOST`` (or KAFKA_BOOTSTRAP_SERVERS=HOST) is one line asking for host:port, not a silent 9092."""
+    for flags, env in (
+        ([*command, "--bootstrap", "127.0.0.1"], {}),
+        (command, {"KAFKA_BOOTSTRAP_SERVERS": "localhost"}),
+    ):
+        result = _cli(*flags, env=env)
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "has no port; give host:port (e.g. " in result.stderr
+
+
 def test_the_worker_with_a_malformed_bootstrap_is_one_line(tmp_path: Path) -> None:
     """A bootstrap server with a non-numeric port is a one-line error, not a ValueError traceback."""
     result = _cli("worker", "--bootstrap", "127.0.0.1:notaport", "--state-dir", str(tmp_path), env={})
