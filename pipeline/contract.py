@@ -17,15 +17,7 @@ from typing import Any
 import orjson
 
 from pipeline.errors import InvalidHeaderError
-
-HTTP_PREFIX = "http-"
-SOURCE_HEADER = "source"
-RECEIVED_AT_HEADER = "received-at"
-IDEMPOTENCY_KEY_HEADER = "idempotency-key"
-REROUTED_FROM_HEADER = "rerouted-from"
-#: On an output record stamped with the time it was written because its topic would have refused
-#: the input's own timestamp (too far ahead or behind): that timestamp, in ms.
-ORIGINAL_TIMESTAMP_HEADER = "original-timestamp"
+from pipeline.headers import HTTP_PREFIX, RECEIVED_AT_HEADER, SOURCE_HEADER
 
 Headers = Sequence[tuple[str, bytes | None]]  # a consumer may hand over a header without a value
 

@@ -20,9 +20,6 @@ import orjson
 
 from pipeline.contract import Delivery, Headers, dumps_safe, json_safe
 
-#: The header of a record ``pipeline dlq replay`` produced again: ``<dlq topic>:<partition>:<offset>``.
-REPLAYED_FROM_HEADER = "replayed-from"
-
 #: Bytes a record takes on the wire beyond its key, value and headers, at most (aiokafka's
 #: batch header and record overhead, and the length prefixes of key, value and header count).
 RECORD_OVERHEAD = 128

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.durations import parse_duration
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.headers import REPLAYED_FROM_HEADER
 
 Header = tuple[str, bytes | None]
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from pipeline import providers
-from pipeline.contract import IDEMPOTENCY_KEY_HEADER, Delivery
+from pipeline.contract import Delivery
 from pipeline.errors import InvalidRecordError, KeyMismatchError, MissingKeyError, UnknownSourceError
+from pipeline.headers import IDEMPOTENCY_KEY_HEADER
 from pipeline.providers.base import Provider
 from pipeline.state.decision import tuple_of
 from pipeline.topology import Source, Topology, Verify

@@ -26,11 +26,11 @@ from aiokafka import TopicPartition
 
 from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object
 from pipeline.errors import RecordTooLargeError
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.state.decision import Outcome, decide
 from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import Topology
 from pipeline.worker.emitter import Emitter, OutputTopics
-from pipeline.worker.event_stage import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.worker.metrics import NullRecorder, Recorder
 from pipeline.worker.poison import RESTAMP
 from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks

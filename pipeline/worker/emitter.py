@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.contract import REROUTED_FROM_HEADER, Delivery, audit_value
+from pipeline.contract import Delivery, audit_value
 from pipeline.dead_letter import dlq_value
+from pipeline.headers import REROUTED_FROM_HEADER
 from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Topics
 from pipeline.worker.metrics import Recorder

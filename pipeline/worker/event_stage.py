@@ -21,8 +21,8 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
-from pipeline.dead_letter import REPLAYED_FROM_HEADER
 from pipeline.errors import RecordTooLargeError
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
 from pipeline.kafka.partitioner import key_hash
 from pipeline.state.decision import Entry, Outcome, decide, fingerprint_like, volatile_pattern
 from pipeline.state.transaction import Header, PartitionTransaction
@@ -36,8 +36,6 @@ from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 log = logging.getLogger(__name__)
 
 DEFAULT_COMMAND = "handle"
-EFFECT_TTL_HEADER = "effect-ttl-ms"
-COMMAND_TOPIC_HEADER = "command-topic"
 # Body fields a provider changes from one delivery attempt to the next: left out of conflict checks.
 VOLATILE_FIELDS: Mapping[str, tuple[str, ...]] = {"stripe": ("pending_webhooks",)}
 

@@ -12,8 +12,9 @@ import orjson
 import pytest
 
 from pipeline.contract import BAD_TIMESTAMP, Delivery
-from pipeline.dead_letter import REPLAYED_FROM_HEADER, dlq_value
+from pipeline.dead_letter import dlq_value
 from pipeline.errors import ConfigError, InvalidRecordError
+from pipeline.headers import REPLAYED_FROM_HEADER
 from pipeline.ops.dlq_records import (
     DLQ_REASONS,
     DlqEntry,

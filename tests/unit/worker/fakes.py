@@ -33,7 +33,7 @@ from aiokafka.structs import ConsumerRecord
 
 from pipeline import topology as topology_module
 from pipeline.config import WorkerSettings
-from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.worker import loop as loop_module

@@ -10,13 +10,13 @@ import pytest
 from aiokafka import TopicPartition
 
 from pipeline import topology as topology_module
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import PartitionTransaction
 from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
-from pipeline.worker.event_stage import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 
 from .fakes import ROOT, FakeProducer, record
 

@@ -27,8 +27,8 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord
 
 from pipeline import providers
-from pipeline.contract import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.errors import PartitionUnservedError, StoreError
+from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
 from pipeline.state.decision import Entry, blake_fingerprint, normalised_fingerprint, volatile_pattern

@@ -11,8 +11,8 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import InvalidTimestampError, MessageSizeTooLargeError, ProducerFenced
 
-from pipeline.contract import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.errors import PartitionUnservedError
+from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.worker.lifecycle import PartitionState
 
 from .fakes import (
