@@ -66,6 +66,14 @@ class Sessions:
         """The session of a request being handled (None on the open paths without one)."""
         return self._active.get(id(request))
 
+    def handling(self, request: web.Request, session: Session | None) -> None:
+        """``request`` is being handled on behalf of ``session``."""
+        self._active[id(request)] = session
+
+    def handled(self, request: web.Request) -> None:
+        """``request`` is answered: forget its session."""
+        self._active.pop(id(request), None)
+
     def required(self, request: web.Request) -> Session:
         """The session of a request behind the login (401 if there is none)."""
         session = self.of(request)
@@ -140,7 +148,7 @@ def build_middleware(
             exc.headers.update(SECURITY_HEADERS)
             raise
         finally:
-            sessions._active.pop(id(request), None)
+            sessions.handled(request)
         response.headers.update(SECURITY_HEADERS)
         return response
 
@@ -148,12 +156,12 @@ def build_middleware(
         if request.path.startswith(OPEN_PATHS):
             if request.method == "POST" and not _same_origin(request):  # the login form, from another site
                 raise web.HTTPForbidden(text="a form from another site")
-            sessions._active[id(request)] = sessions.get(request.cookies.get(COOKIE))
+            sessions.handling(request, sessions.get(request.cookies.get(COOKIE)))
             return await handler(request)
         session, new_sid = _find(request)
         if session is None:
             return unauthorised(request)
-        sessions._active[id(request)] = session
+        sessions.handling(request, session)
         if request.method not in {"GET", "HEAD"} and not session.bearer:
             form = await request.post()
             given = form.get("csrf")

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pipeline.downstream.commands import Command, CommandRecordError, Origin
 from pipeline.downstream.postgres import AsyncApply, _sql, apply_once_async, ensure_schema_async
 from pipeline.errors import InvalidRecordError, MissingExtraError
+from pipeline.kafka import internals
 
 __all__ = ["Outcome", "apply_once_agent", "command_topic", "commands", "read_committed_app"]
 
@@ -62,12 +63,11 @@ def _app_class() -> Any:
     class ReadCommittedConsumerThread(driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
             consumer = super()._create_worker_consumer(transport)
-            # not started yet: the fetcher takes the isolation level from here at start()
-            if getattr(consumer, "_isolation_level", None) is None:
+            # not started yet: the fetcher takes the isolation level at start()
+            if not internals.read_committed_before_start(consumer):
                 raise MissingExtraError(
                     "this aiokafka version has no _isolation_level: cannot read faust's input read_committed"
                 )
-            consumer._isolation_level = "read_committed"
             return consumer
 
     class ReadCommittedConsumer(driver.Consumer):

@@ -59,10 +59,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.stream = stream
 
     async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-        await self.stream._on_revoked(revoked)
+        await self.stream.partitions_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-        await self.stream._on_assigned(assigned)
+        await self.stream.partitions_assigned(assigned)
 
 
 class CommandStream:
@@ -253,7 +253,7 @@ class CommandStream:
             return
         self.committed += len(offsets)
 
-    async def _on_revoked(self, revoked: Collection[TopicPartition]) -> None:
+    async def partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
         revoked = set(revoked)
         self._generation += 1
         if self.offsets is not None:
@@ -268,7 +268,7 @@ class CommandStream:
         except KafkaError as exc:  # the next owner redoes these commands; apply-once makes them repeats
             log.warning("could not commit offsets of revoked partitions %s: %r", sorted(revoked), exc)
 
-    async def _on_assigned(self, assigned: Collection[TopicPartition]) -> None:
+    async def partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
         if self.offsets is None:
             return
         try:

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
 
 from pipeline.errors import BodyError, BrokerUnavailableError, ConfigError
+from pipeline.kafka import internals
 from pipeline.kafka.admin import require_topic
 
 log = logging.getLogger(__name__)
@@ -228,9 +229,7 @@ class KafkaSink:
 
     @staticmethod
     def _sender_dead(producer: AIOKafkaProducer) -> bool:
-        sender: Any = getattr(producer, "_sender", None)
-        task = getattr(sender, "sender_task", None)
-        return isinstance(task, asyncio.Task) and task.done()
+        return internals.sender_dead(producer)
 
     async def _replace(self, old: AIOKafkaProducer) -> None:
         new = self._new_producer()

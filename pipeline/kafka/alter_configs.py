@@ -19,6 +19,7 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int8, Int16, Int32, Schema, String
 
 from pipeline.errors import PipelineError
+from pipeline.kafka.internals import admin_request
 
 API_KEY = 44
 OP_SET = 0  # the other operations: 1 DELETE, 2 APPEND, 3 SUBTRACT
@@ -89,8 +90,8 @@ async def set_topic_configs(admin: AIOKafkaAdminClient, topics: Mapping[str, Map
     """Set ``topics``' configs with IncrementalAlterConfigs; PipelineError naming a refused topic."""
     if not topics:
         return
-    # the public client has no such call; this is how its own alter_configs sends a request
-    response: Any = await admin._send_request(IncrementalAlterConfigsRequest(topics))
+    # the public client has no such call: sent as its own calls send theirs (pipeline/kafka/internals.py)
+    response: Any = await admin_request(admin, IncrementalAlterConfigsRequest(topics))
     refused = [
         f"{name}: error {code} {message or ''}".strip()
         for code, message, _type, name in response.responses

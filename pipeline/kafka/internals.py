@@ -15,6 +15,7 @@ ruff's private-member rule keeps it that way.
   the broker, which would then commit those records with the next transaction.
 - :func:`stop_consumer`: stop a consumer whose fetcher lets a ``CancelledError`` out.
 - :func:`request_rejoin`: make the group consumer rejoin its group at once.
+- :func:`read_committed_before_start`: make a consumer faust's driver made read committed records only.
 - :func:`fetch_raw`: one raw fetch of a partition through a consumer's connections,
   the records left undecoded (the restore's fast path).
 - :func:`batch_builder`: a record batch capped at a topic's own size limit.
@@ -112,6 +113,15 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
+
+
+def read_committed_before_start(consumer: AIOKafkaConsumer) -> bool:
+    """Make a consumer made by someone else (faust's driver) read committed records only; it must not be
+    started yet (its fetcher takes the isolation level at start). False when aiokafka has no such field."""
+    if getattr(consumer, "_isolation_level", None) is None:
+        return False
+    consumer._isolation_level = "read_committed"
+    return True
 
 
 def request_rejoin(consumer: AIOKafkaConsumer) -> None:

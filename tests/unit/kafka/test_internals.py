@@ -168,3 +168,12 @@ async def test_the_group_consumer_has_a_coordinator_once_started_and_none_before
         internals.request_rejoin(consumer)  # no coordinator yet: nothing happens
     finally:
         await consumer.stop()
+
+
+async def test_a_consumer_made_elsewhere_reads_committed_records_once_set_before_start() -> None:
+    """``_isolation_level`` is what the fetcher reads at start, and setting it before start sets it."""
+    consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+    assert consumer._isolation_level == "read_uncommitted"
+    assert internals.read_committed_before_start(consumer)
+    assert consumer._isolation_level == "read_committed"
+    assert "isolation_level" in inspect.signature(Fetcher).parameters
