@@ -9,7 +9,8 @@ ruff's private-member rule keeps it that way.
   sender before it asks again to add a partition to a transaction.
 - :func:`sender_failure`: why a producer's background sender stopped (a producer whose
   sender stopped can send nothing more: aiokafka's transaction state machine then
-  answers ``begin`` and ``abort`` with ``AssertionError``).
+  answers ``begin`` and ``abort`` with ``AssertionError``, which :data:`DEAD_PRODUCER_ERRORS`
+  names for the callers that must catch it).
 - :func:`abort_would_be_local`: whether aiokafka forgot what its open transaction
   holds (it does after an authorization error) and would "abort" it without telling
   the broker, which would then commit those records with the next transaction.
@@ -33,7 +34,7 @@ from io import BytesIO
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import NotLeaderForPartitionError, for_code
+from aiokafka.errors import IllegalOperation, NotLeaderForPartitionError, for_code
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionState
@@ -52,6 +53,10 @@ from aiokafka.protocol.types import (
 from aiokafka.record.memory_records import MemoryRecords
 
 READ_COMMITTED = 1
+#: What a transactional producer's calls raise once its sender has died: the transaction manager's state
+#: machine asserts its transitions (``AssertionError``), and a send outside a transaction is refused
+#: (``IllegalOperation``). Catch these only around a producer call, meaning "this producer is done".
+DEAD_PRODUCER_ERRORS: tuple[type[Exception], ...] = (AssertionError, IllegalOperation)
 FETCH_WAIT_MS = 200
 
 

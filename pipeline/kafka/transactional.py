@@ -62,7 +62,7 @@ class TransactionalProducer:
         """Stop the producer, whatever state it is in."""
         try:
             await self._producer.stop()
-        except (KafkaError, IllegalOperation, AssertionError, OSError) as exc:  # a producer gone fatal
+        except (KafkaError, *internals.DEAD_PRODUCER_ERRORS, OSError) as exc:  # a producer gone fatal
             log.warning("%s: producer did not stop cleanly: %r", self.name, exc)
 
     def batch(self, size: int) -> Any:
@@ -74,7 +74,7 @@ class TransactionalProducer:
             await self._producer.begin_transaction()
         except ProducerFenced as exc:
             raise self._fence(exc) from exc
-        except (AssertionError, IllegalOperation) as exc:
+        except internals.DEAD_PRODUCER_ERRORS as exc:
             raise self._dead(exc) from exc
 
     async def send_batch(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
@@ -105,7 +105,7 @@ class TransactionalProducer:
             await call
         except ProducerFenced as exc:
             raise self._fence(exc) from exc
-        except (AssertionError, IllegalOperation) as exc:
+        except internals.DEAD_PRODUCER_ERRORS as exc:
             raise self._dead(exc) from exc
         except KafkaError as exc:
             self._check_abortable(exc)
@@ -122,7 +122,7 @@ class TransactionalProducer:
             await self._producer.abort_transaction()
         except ProducerFenced as exc:
             raise self._fence(exc) from exc
-        except (AssertionError, IllegalOperation, KafkaError) as exc:
+        except (*internals.DEAD_PRODUCER_ERRORS, KafkaError) as exc:
             raise self._dead(exc) from exc
 
     # -- what a failure means ------------------------------------------------------------

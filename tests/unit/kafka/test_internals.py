@@ -177,3 +177,16 @@ async def test_a_consumer_made_elsewhere_reads_committed_records_once_set_before
     assert internals.read_committed_before_start(consumer)
     assert consumer._isolation_level == "read_committed"
     assert "isolation_level" in inspect.signature(Fetcher).parameters
+
+
+async def test_a_dead_producers_begin_raises_what_dead_producer_errors_names() -> None:
+    """Once the transaction manager is in FATAL_ERROR (its sender died), ``begin_transaction`` asserts."""
+    producer = _transactional()
+    try:
+        manager = producer._txn_manager
+        manager.set_pid_and_epoch(7, 0)
+        manager._transition_to(TransactionState.FATAL_ERROR)
+        with pytest.raises(internals.DEAD_PRODUCER_ERRORS):
+            manager.begin_transaction()
+    finally:
+        await producer.stop()
