@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: be
 from bench.lib.topology_file import write_topology
 from bench.lib.workload import make_stream, source_headers
 from pipeline.cli import tune_gc
-from pipeline.kafka import KeyPartitioner
+from pipeline.kafka.partitioner import KeyPartitioner
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import load

@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.lib.report import machine_info  # noqa: E402
 from bench.lib.topology_file import write_topology  # noqa: E402
-from pipeline import kafka, topology  # noqa: E402
+from pipeline import topology  # noqa: E402
 from pipeline.ingress.event_loop import loop_factory  # noqa: E402
 from pipeline.ingress.server import Ingress, IngressSettings  # noqa: E402
+from pipeline.kafka.admin import admin_client, ensure_topics, topic_specs  # noqa: E402
 from pipeline.providers.signing import sign  # noqa: E402
 
 SECRET = "whsec_bench_secret_0123456789abcdef"
@@ -177,8 +178,8 @@ async def _ingress(args: argparse.Namespace, event_loop: str) -> dict[str, objec
     app = f"bench-ingress-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
         path = write_topology(Path(tmp) / f"{app}.toml", app, args.partitions, secret_env=SECRET_ENV)
-        specs = kafka.topic_specs(topology.load(path))
-        await kafka.ensure_topics(args.bootstrap, specs)
+        specs = topic_specs(topology.load(path))
+        await ensure_topics(args.bootstrap, specs)
         try:
             settings = IngressSettings(bootstrap=args.bootstrap, topology=path, port=0, event_loop=event_loop)
             ingress = Ingress(settings)
@@ -190,7 +191,7 @@ async def _ingress(args: argparse.Namespace, event_loop: str) -> dict[str, objec
                 ingress.stop()
                 await serving
         finally:
-            async with kafka.admin_client(args.bootstrap) as admin:
+            async with admin_client(args.bootstrap) as admin:
                 await admin.delete_topics([s.name for s in specs])
 
 

@@ -47,7 +47,7 @@ from confluent_kafka import Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.cli import tune_gc
-from pipeline.kafka import TopicSpec, ensure_topics
+from pipeline.kafka.admin import TopicSpec, ensure_topics
 from pipeline.state.decision import Entry
 from pipeline.state.restore import restore
 from pipeline.state.store import Change, PartitionStore, bucket_width

@@ -50,8 +50,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: bench.lib
 from bench.lib import broker, phases, report, topology_file, worker_runs, worker_table, workload
 from bench.lib import procs as processes
-from pipeline import kafka, topology
-from pipeline.kafka import owner_partition
+from pipeline import topology
+from pipeline.kafka.admin import topic_specs
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore, bucket_width
 
@@ -207,7 +208,7 @@ class Scaling:
         topo = topology.load(topo_path)
         topics = topo.topics
         group, state = f"{app}-group", bench.work / f"{row.name}-state"
-        await bench.broker.create(kafka.topic_specs(topo, row.partitions))
+        await bench.broker.create(topic_specs(topo, row.partitions))
         if row.store_keys:
             seconds = fill_stores(
                 state, topics.input, row.partitions, row.store_keys, now_ms=int(time.time() * 1000)

@@ -1,4 +1,4 @@
-"""DLQ records, and the size of any record on the wire: a DLQ record always fits its topic.
+"""DLQ records: a DLQ record always fits its topic.
 
 A DLQ record carries the original record (its body twice: as text and in
 base64; its headers as text and, byte for byte, in ``headers_base64``) with the
@@ -19,22 +19,6 @@ from typing import Any
 import orjson
 
 from pipeline.contract import Delivery, Headers, dumps_safe, json_safe
-
-#: Bytes a record takes on the wire beyond its key, value and headers, at most (aiokafka's
-#: batch header and record overhead, and the length prefixes of key, value and header count).
-RECORD_OVERHEAD = 128
-_HEADER_OVERHEAD = 10  # the length prefixes of a header's name and value
-
-
-def record_size(key: bytes | None, value: bytes, headers: Headers) -> int:
-    """An upper bound of a record's size on the wire, for size checks before sending it."""
-    size = RECORD_OVERHEAD + len(value) + (len(key) if key is not None else 0)
-    for name, raw in headers:
-        size += _HEADER_OVERHEAD + len(name.encode("utf-8", "surrogatepass"))
-        if raw is not None:
-            size += len(raw)
-    return size
-
 
 #: The longest ``error`` of a DLQ record, in characters.
 ERROR_MAX_CHARS = 1000

@@ -25,7 +25,7 @@ from tests.native_source import load_sources_if_asked, pure_python_asked
 
 load_sources_if_asked()  # before any hot module is imported, by this file or a test
 
-from pipeline.kafka import TopicSpec, ensure_topics  # noqa: E402
+from pipeline.kafka.admin import TopicSpec, ensure_topics  # noqa: E402
 from pipeline.native import describe, stale  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -74,9 +74,9 @@ from aiokafka.errors import KafkaError  # noqa: E402
 
 from bench.lib import broker, phases, report, topology_file, workload  # noqa: E402
 from bench.lib import procs as processes  # noqa: E402
-from pipeline import kafka, topology  # noqa: E402
+from pipeline import topology  # noqa: E402
 from pipeline.config import WORKER_DEFAULTS  # noqa: E402
-from pipeline.kafka import TopicSpec  # noqa: E402
+from pipeline.kafka.admin import TopicSpec, topic_specs  # noqa: E402
 
 ROOT = HERE.parents[1]
 say = report.say
@@ -343,7 +343,7 @@ class Bench:
             text = topo_path.read_text().replace(f'input = "{app}.raw"', f'input = "{input_topic}"')
             topo_path.write_text(text)
             topo = topology.load(topo_path)
-            await self.broker.create(kafka.topic_specs(topo, args.partitions))
+            await self.broker.create(topic_specs(topo, args.partitions))
             return topo.topics.commands
         output = f"{app}.out"
         await self.broker.create([TopicSpec(output, args.partitions)])

@@ -52,7 +52,9 @@ from checker import check
 from cluster import Broker, InputProducer, Monitor, Sample, Workers
 from workload import SOURCES, Materializer, plan
 
-from pipeline import kafka, topology
+from pipeline import topology
+from pipeline.kafka.admin import ensure_topics, topic_specs
+from pipeline.kafka.partitioner import owner_partition
 
 FAULT_KINDS = ("sigkill", "sigstop", "broker", "outage", "join", "leave")
 OUTAGE_S = 90.0  # an ``outage`` keeps the broker down this long: longer than a transaction may stay open
@@ -443,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         run.say(f"broker ready in {took:.1f}s")
         topo_path = write_topology(run_dir / "topology.toml", app, args.partitions)
         topo = topology.load(topo_path)
-        asyncio.run(kafka.ensure_topics(broker.bootstrap, kafka.topic_specs(topo)))
+        asyncio.run(ensure_topics(broker.bootstrap, topic_specs(topo)))
         topics = {
             "input": topo.topics.input,
             "commands": topo.topics.commands,
@@ -456,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({len(workload.delayed)} held back until after faults), {workload.malformed} malformed, "
             f"{workload.misplaced} misplaced"
         )
-        materializer = Materializer(seed, args.partitions, kafka.owner_partition)
+        materializer = Materializer(seed, args.partitions, owner_partition)
         group = f"{app}-group"
         workers = Workers(broker.bootstrap, topo_path, run_dir, group, args.session_timeout_ms)
         for i in range(args.workers):

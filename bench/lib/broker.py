@@ -14,8 +14,8 @@ from aiokafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvaila
 
 from bench.lib.report import BenchError, say
 from bench.lib.workload import source_headers
-from pipeline import kafka
-from pipeline.kafka import TopicSpec, owner_partition
+from pipeline.kafka.admin import TopicSpec, ensure_topics
+from pipeline.kafka.partitioner import owner_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ class Broker:
 
     async def create(self, specs: list[TopicSpec]) -> None:
         self.created += [s.name for s in specs if s.name not in self.created]
-        await kafka.ensure_topics(self.bootstrap, specs, timeout=20)
+        await ensure_topics(self.bootstrap, specs, timeout=20)
 
     async def partitions(self, topic: str) -> list[TopicPartition]:
         if topic not in self._partitions:

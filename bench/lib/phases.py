@@ -16,7 +16,7 @@ from bench.lib.broker import Broker, warm_up
 from bench.lib.procs import Proc
 from bench.lib.report import BenchError, machine_busy_jiffies, percentile, pid_cpu_seconds, say
 from bench.lib.workload import Stream, source_headers
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,8 +34,8 @@ from bench.lib.report import (
 from bench.lib.topology_file import write_topology
 from bench.lib.worker_table import print_table, report_drain, report_latency, summary, transaction_stats
 from bench.lib.workload import Stream, make_stream, preload_records
-from pipeline import kafka, topology
-from pipeline.kafka import TopicSpec
+from pipeline import topology
+from pipeline.kafka.admin import TopicSpec, topic_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,7 +182,7 @@ class Bench:
         topics = topo.topics
         group = f"{app}-group"
         state = self.work / f"{name}-state"
-        await self.broker.create(kafka.topic_specs(topo, args.partitions))
+        await self.broker.create(topic_specs(topo, args.partitions))
         input_start = dict.fromkeys(range(args.partitions), 0)
         if preload:
             await self.preload(result, topo_path, topics.input, group, state, preload)

@@ -29,17 +29,20 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from pipeline import kafka, topology  # noqa: PLC0415  (no work at import time)
+    from aiokafka.errors import KafkaError  # noqa: PLC0415  (no work at import time)
+
+    from pipeline import topology  # noqa: PLC0415  (no work at import time)
+    from pipeline.kafka.admin import ensure_topics, topic_specs  # noqa: PLC0415  (no work at import time)
 
     if args.partitions is not None and args.partitions < 1:
         raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
     if not 0 < args.timeout <= 3600:
         raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
     topo = topology.load(args.topology, os.environ)
-    specs = kafka.topic_specs(topo, args.partitions)
+    specs = topic_specs(topo, args.partitions)
     try:
-        results = asyncio.run(kafka.ensure_topics(args.bootstrap, specs, timeout=args.timeout))
-    except kafka.KafkaError as exc:
+        results = asyncio.run(ensure_topics(args.bootstrap, specs, timeout=args.timeout))
+    except KafkaError as exc:
         raise PipelineError(f"Kafka at {args.bootstrap}: {exc}") from None
     for done, result in enumerate(results, 1):
         line = f"[{done}/{len(results)}] {result.action:8} {result.name} ({result.partitions} partitions)"

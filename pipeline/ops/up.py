@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline import kafka, resources, topology
+from pipeline import resources, topology
 from pipeline.config import WorkerSettings
 from pipeline.console.server import Console
 from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
+from pipeline.kafka.admin import ensure_topics, topic_specs
 from pipeline.ops.foreground import free_port, refuse_busy_ports, second_terminal
 from pipeline.ops.sign import curl_note
 from pipeline.providers.signing import sign
@@ -115,7 +116,7 @@ class Up:
         if broker is not None:
             await self._start_broker()
         self.out(f"Kafka         {self.bootstrap}")
-        results = await kafka.ensure_topics(self.bootstrap, kafka.topic_specs(topo))
+        results = await ensure_topics(self.bootstrap, topic_specs(topo))
         for result in results:
             self.out(f"  topic {result.action:8} {result.name} ({result.partitions} partitions)")
         generated = dev_secrets(topo, os.environ)

@@ -41,9 +41,9 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.dead_letter import RECORD_OVERHEAD, record_size
 from pipeline.errors import PipelineError, RecordTooLargeError
 from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
+from pipeline.kafka.record_size import RECORD_OVERHEAD, record_size
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry, tuple_of

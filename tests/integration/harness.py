@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from pipeline import kafka, topology
-from pipeline.kafka import owner_partition
+from pipeline import topology
+from pipeline.kafka.admin import ensure_topics, partition_count, topic_specs
+from pipeline.kafka.partitioner import owner_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +81,7 @@ class Env:
         return topology.load(self.topology_path)
 
     async def create_topics(self) -> None:
-        await kafka.ensure_topics(self.bootstrap, kafka.topic_specs(self.topo))
+        await ensure_topics(self.bootstrap, topic_specs(self.topo))
 
     def stripe_body(self, event_id: str, *, size: int = 0) -> bytes:
         """A realistic Stripe event body (``size`` pads it)."""
@@ -203,7 +204,7 @@ async def read_committed(
     )
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(await kafka.partition_count(bootstrap, topic) or 0)]
+        tps = [TopicPartition(topic, p) for p in range(await partition_count(bootstrap, topic) or 0)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)

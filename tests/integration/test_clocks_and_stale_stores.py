@@ -12,8 +12,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline import kafka
-from pipeline.kafka.admin import NO_LIMIT_MS
+from pipeline.kafka.admin import NO_LIMIT_MS, admin_client, partition_count, topic_specs
 from tests.integration.harness import Env, read_committed, wait_for_audit
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -98,11 +97,11 @@ async def test_a_state_dir_that_outlived_its_topics_is_rebuilt_not_trusted(pipel
     assert len(await wait_for_audit(env, 20, timeout=90)) == 20
     env.stop_all()
     assert worker.returncode == 0
-    names = [s.name for s in kafka.topic_specs(env.topo)]
-    async with kafka.admin_client(env.bootstrap) as admin:
+    names = [s.name for s in topic_specs(env.topo)]
+    async with admin_client(env.bootstrap) as admin:
         await admin.delete_topics(names)
     for _ in range(100):  # deletion is asynchronous on the broker
-        if [n for n in names if await kafka.partition_count(env.bootstrap, n) is not None] == []:
+        if [n for n in names if await partition_count(env.bootstrap, n) is not None] == []:
             break
         await asyncio.sleep(0.2)
     await env.create_topics()

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.signing import sign
 from tests.integration.harness import (
     ROOT,

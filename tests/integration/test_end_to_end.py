@@ -26,7 +26,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from pipeline import kafka, topology
+from pipeline import topology
+from pipeline.kafka.admin import ensure_topics, topic_specs
 from tests.integration.e2e import (
     ROOT,
     SECRETS,
@@ -68,8 +69,8 @@ async def test_signed_webhooks_through_crashes_apply_each_effect_once(
     app = unique("e2e")
     token = app.rsplit("-", 1)[1]
     path = e2e_topology(tmp_path / f"{app}.toml", app)
-    specs = kafka.topic_specs(topology.load(path))
-    await kafka.ensure_topics(bootstrap, specs)
+    specs = topic_specs(topology.load(path))
+    await ensure_topics(bootstrap, specs)
     await asyncio.to_thread(create_tables, postgres_db)
 
     rng = random.Random(14)

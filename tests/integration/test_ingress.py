@@ -17,10 +17,11 @@ import aiohttp
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline import kafka, topology
+from pipeline import topology
 from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.ingress.sink import KafkaSink, OutgoingRecord, Produced
-from pipeline.kafka import owner_partition
+from pipeline.kafka.admin import ensure_topics, topic_specs
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.signing import sign
 from tests.conftest import KAFKA_SH
 from tests.integration.harness import read_committed, write_topology
@@ -43,8 +44,8 @@ def _stripe_body(event_id: str) -> bytes:
 
 
 async def _create_topics(bootstrap: str, path: Path) -> list[str]:
-    specs = kafka.topic_specs(topology.load(path))
-    await kafka.ensure_topics(bootstrap, specs)
+    specs = topic_specs(topology.load(path))
+    await ensure_topics(bootstrap, specs)
     return [s.name for s in specs]
 
 

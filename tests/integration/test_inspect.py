@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from tests.integration.harness import ROOT, Env, wait_for_audit
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

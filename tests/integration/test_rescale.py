@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.kafka import owner_partition, partition_count
+from pipeline.kafka.admin import partition_count
+from pipeline.kafka.partitioner import owner_partition
 from tests.integration.harness import ROOT, Env, command_counts, read_committed, wait_for_audit
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

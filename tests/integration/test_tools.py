@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from tests.integration.harness import ROOT, Env, read_committed
 
 pytestmark = pytest.mark.broker

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline import kafka, topology
+from pipeline import topology
+from pipeline.kafka.admin import (
+    TopicSpec,
+    admin_client,
+    describe_topic_configs,
+    ensure_topics,
+    partition_count,
+    topic_specs,
+)
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from tests.integration.harness import write_topology
 
 pytestmark = pytest.mark.broker
@@ -45,11 +54,11 @@ async def test_topics_create_twice_leaves_the_same_topics_and_configs(
     assert second.returncode == 0, second.stderr
     assert "created" not in second.stdout
 
-    names = [s.name for s in kafka.topic_specs(topo)]
-    async with kafka.admin_client(bootstrap) as admin:
+    names = [s.name for s in topic_specs(topo)]
+    async with admin_client(bootstrap) as admin:
         described = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)}
     assert described == dict.fromkeys(names, 3)
-    configs = await kafka.describe_topic_configs(bootstrap, [topo.topics.changelog])
+    configs = await describe_topic_configs(bootstrap, [topo.topics.changelog])
     changelog = configs[topo.topics.changelog]
     assert changelog["cleanup.policy"] == "compact,delete"
     assert int(changelog["retention.ms"]) == (3 + 1) * 86_400_000
@@ -80,7 +89,7 @@ async def _configs_when(
     """The topics' configs once ``shown`` holds (at most 10 s): a broker applies a change a moment after it answers."""
     deadline = time.monotonic() + 10
     while True:
-        configs = await kafka.describe_topic_configs(bootstrap, names)
+        configs = await describe_topic_configs(bootstrap, names)
         if shown(configs) or time.monotonic() > deadline:
             return configs
         await asyncio.sleep(0.1)
@@ -94,7 +103,7 @@ async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
     topo = topology.load(path)
     assert _create(bootstrap, path).returncode == 0
     input_topic, changelog = topo.topics.input, topo.topics.changelog
-    async with kafka.admin_client(bootstrap) as admin:
+    async with admin_client(bootstrap) as admin:
         # by hand, with the legacy call (which also drops every key it does not name)
         await admin.alter_configs(
             [
@@ -122,14 +131,14 @@ async def test_a_rerun_keeps_hand_set_configs_and_restores_the_owned_ones(
         bootstrap, [input_topic, changelog], lambda c: c[changelog]["cleanup.policy"] == "compact,delete"
     )
     assert configs[input_topic]["retention.ms"] == "123456789"
-    assert configs[input_topic]["max.message.bytes"] == str(kafka.MAX_MESSAGE_BYTES)
+    assert configs[input_topic]["max.message.bytes"] == str(MAX_MESSAGE_BYTES)
     assert configs[changelog]["cleanup.policy"] == "compact,delete"
     assert int(configs[changelog]["retention.ms"]) == (3 + 1) * 86_400_000
 
     third = _create(bootstrap, path)
     assert third.returncode == 0, third.stderr
     assert "updated" not in third.stdout
-    assert (await kafka.describe_topic_configs(bootstrap, [input_topic]))[input_topic][
+    assert (await describe_topic_configs(bootstrap, [input_topic]))[input_topic][
         "retention.ms"
     ] == "123456789"
 
@@ -146,7 +155,7 @@ async def test_a_partition_count_mismatch_exits_non_zero_pointing_to_rescale(
     assert result.stderr.count("\n") == 1, result.stderr
     assert f"{topo.topics.input} has 2" in result.stderr
     assert "pipeline rescale --partitions 3" in result.stderr
-    async with kafka.admin_client(bootstrap) as admin:
+    async with admin_client(bootstrap) as admin:
         described = {
             t["topic"]: len(t["partitions"]) for t in await admin.describe_topics([topo.topics.input])
         }
@@ -163,9 +172,9 @@ async def test_a_changelog_unlike_its_input_fails_at_topics_create(
     """A changelog already there with another partition count is an error before the input is created."""
     path = _write_topology(tmp_path, unique)
     topo = topology.load(path)
-    await kafka.ensure_topics(bootstrap, [kafka.TopicSpec(topo.topics.changelog, 1)])
+    await ensure_topics(bootstrap, [TopicSpec(topo.topics.changelog, 1)])
     result = _create(bootstrap, path)
     assert result.returncode == 1
     assert f"{topo.topics.changelog} has 1" in result.stderr
     assert "nothing was changed" in result.stderr
-    assert await kafka.partition_count(bootstrap, topo.topics.input) is None
+    assert await partition_count(bootstrap, topo.topics.input) is None

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.signing import sign
 from tests.integration.harness import Env, command_counts, read_committed, wait_for_audit, wrong_partition
 

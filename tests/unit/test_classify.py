@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import topology
 from pipeline.contract import Delivery
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.signing import sign
 from pipeline.worker.classify import Accepted, Classifier, Invalid, Reroute
 

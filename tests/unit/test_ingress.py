@@ -19,7 +19,7 @@ from pipeline import topology
 from pipeline.errors import BrokerUnavailableError, ConfigError
 from pipeline.ingress.server import Ingress, IngressSettings, build_app
 from pipeline.ingress.sink import OutgoingRecord, Produced
-from pipeline.kafka import owner_partition
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.providers.signing import sign
 
 PARTS = 4

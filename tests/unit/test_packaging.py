@@ -194,7 +194,7 @@ def test_topics_create_from_an_empty_directory_uses_the_packaged_topology(
         asked.extend(spec.name for spec in specs)
         return []
 
-    monkeypatch.setattr("pipeline.kafka.ensure_topics", fake_ensure_topics)
+    monkeypatch.setattr("pipeline.kafka.admin.ensure_topics", fake_ensure_topics)
     assert main(["topics", "create", "--bootstrap", "127.0.0.1:1"]) == 0
     assert "webhooks.raw" in asked
     assert "file not found" not in capsys.readouterr().err
