@@ -17,12 +17,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
 
-from pipeline.errors import ConfigError
+from pipeline import topology
+from pipeline.errors import ConfigError, TopologyError
+from pipeline.topology import Source, Topology, Verify
 
-if TYPE_CHECKING:
-    from pipeline.topology import Source, Topology, Verify
+
+def load_checked(path: str | os.PathLike[str], environ: Mapping[str, str]) -> Topology:
+    """:func:`pipeline.topology.load`, then each secret variable set in ``environ`` must hold a value its
+    provider can use (an unset one is not an error here); TopologyError naming the file otherwise."""
+    topo = topology.load(path)
+    problems = secret_problems(topo, environ)
+    if problems:
+        raise TopologyError([f"{Path(path)}: {problem}" for problem in problems])
+    return topo
 
 
 def source_secrets(source: Source, environ: Mapping[str, str] | None = None) -> list[str]:

@@ -58,12 +58,9 @@ __all__ = [
 ]
 
 
-def load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Topology:
-    """Read and validate the topology at ``path`` (and, given ``environ``, its secrets).
-
-    With ``environ`` (the services pass ``os.environ``), each secret variable set there
-    must hold a value its provider can use; an unset one is not an error here.
-    """
+def load(path: str | os.PathLike[str]) -> Topology:
+    """Read and validate the topology at ``path`` (its secrets are checked by
+    :func:`pipeline.credentials.load_checked`, which the services use)."""
     file = Path(path)
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -73,15 +70,7 @@ def load(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None)
         raise TopologyError([f"{file}: cannot read: {exc}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError([f"{file}: not valid TOML: {exc}"]) from None
-    topo = parse(data, origin=str(file), path=file)
-    if environ is None:
-        return topo
-    from pipeline.credentials import secret_problems  # noqa: PLC0415  (loads the presets)
-
-    problems = secret_problems(topo, environ)
-    if problems:
-        raise TopologyError([f"{file}: {problem}" for problem in problems])
-    return topo
+    return parse(data, origin=str(file), path=file)
 
 
 def parse(data: Mapping[str, Any], *, origin: str = "<topology>", path: Path | None = None) -> Topology:

@@ -41,16 +41,6 @@ class Source:
     verify: Verify = Verify.INGRESS
     options: Mapping[str, Any] = field(default_factory=dict)
 
-    def secrets(self, environ: Mapping[str, str] | None = None) -> list[str]:
-        """The secrets named by ``secret_env`` that are set (rotation: several may be).
-
-        Raises ConfigError, naming the variable, when a set value is unusable for the
-        provider (see :mod:`pipeline.credentials`).
-        """
-        from pipeline.credentials import source_secrets  # noqa: PLC0415  (loads the presets)
-
-        return source_secrets(self, environ)
-
 
 @dataclass(frozen=True, slots=True)
 class Route:

@@ -31,14 +31,14 @@ GC_THRESHOLDS = (10_000, 10, 10)
 def cmd_topics(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415  (no work at import time)
 
-    from pipeline import topology  # noqa: PLC0415  (no work at import time)
+    from pipeline import credentials  # noqa: PLC0415  (no work at import time)
     from pipeline.kafka.admin import ensure_topics, topic_specs  # noqa: PLC0415  (no work at import time)
 
     if args.partitions is not None and args.partitions < 1:
         raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
     if not 0 < args.timeout <= 3600:
         raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
-    topo = topology.load(args.topology, os.environ)
+    topo = credentials.load_checked(args.topology, os.environ)
     specs = topic_specs(topo, args.partitions)
     try:
         results = asyncio.run(ensure_topics(args.bootstrap, specs, timeout=args.timeout))
@@ -58,7 +58,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.worker.loop import Worker  # noqa: PLC0415
 
     settings = worker_settings(args)
-    topo = topology.load(settings.topology, os.environ)
+    topo = credentials.load_checked(settings.topology, os.environ)
     credentials.require_secrets(topo, topology.Verify.WORKER)
     if args.processes > 1:  # before any child starts; one worker is refused where it first connects
         check_bootstrap(settings.bootstrap)
@@ -115,14 +115,14 @@ def tune_gc() -> None:
 
 
 def cmd_ingress(args: argparse.Namespace) -> int:
-    from pipeline import topology  # noqa: PLC0415
+    from pipeline import credentials  # noqa: PLC0415
     from pipeline.ingress.event_loop import loop_factory  # noqa: PLC0415
     from pipeline.ingress.server import Ingress  # noqa: PLC0415
     from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
 
     settings = ingress_settings(args)
     check_bootstrap(settings.bootstrap)  # before the start's warnings about unset secrets
-    topo = topology.load(settings.topology, os.environ)
+    topo = credentials.load_checked(settings.topology, os.environ)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         return runner.run(run_service(Ingress(settings, topo)))
 
@@ -164,7 +164,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    from pipeline import topology  # noqa: PLC0415
+    from pipeline import credentials  # noqa: PLC0415
     from pipeline.console.server import Console  # noqa: PLC0415
     from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens  # noqa: PLC0415
     from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
@@ -180,7 +180,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         users=parse_tokens(os.environ.get(TOKENS_ENV)),
         refresh_seconds=args.refresh,
     )
-    console = Console(settings, topology.load(settings.topology, os.environ))
+    console = Console(settings, credentials.load_checked(settings.topology, os.environ))
     return asyncio.run(run_service(_Announced(console)))
 
 

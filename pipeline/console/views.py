@@ -17,6 +17,7 @@ from urllib.parse import quote
 import jinja2
 from aiohttp import web
 
+from pipeline.credentials import source_secrets
 from pipeline.topology import Topology
 
 REDACTED = "[redacted]"
@@ -35,7 +36,7 @@ class Redactor:
     @classmethod
     def of(cls, topology: Topology, environ: Mapping[str, str]) -> Redactor:
         """The secrets the topology's sources read from ``environ``."""
-        return cls(value for source in topology.sources.values() for value in source.secrets(environ))
+        return cls(value for source in topology.sources.values() for value in source_secrets(source, environ))
 
     def text(self, value: str) -> str:
         """``value`` with every secret replaced."""

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline import contract, providers
+from pipeline.credentials import source_secrets
 from pipeline.errors import (
     BodyError,
     BrokerUnavailableError,
@@ -125,7 +126,7 @@ class _Handlers:
         self.draining = False
         self.sources: dict[str, _Source] = {}
         for name, source in topo.sources.items():
-            secrets = tuple(source.secrets(environ))
+            secrets = tuple(source_secrets(source, environ))
             verify = source.verify is Verify.INGRESS
             if verify and not secrets:
                 log.warning(

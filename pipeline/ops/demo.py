@@ -31,6 +31,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline.credentials import source_secrets
 from pipeline.errors import BrokerUnavailableError, PipelineError
 from pipeline.kafka.admin import partition_count
 from pipeline.providers.signing import sign
@@ -218,7 +219,7 @@ async def run_demo(
     events: int = 120,
     rate: float = 40.0,
     out: IO[str] = sys.stdout,
-    secrets: Callable[[Source], list[str]] = lambda s: s.secrets(),
+    secrets: Callable[[Source], list[str]] = source_secrets,
     settle: float = 30.0,
 ) -> bool:
     """Send the stream, show live counts, print the summary; return whether it matched.

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import providers
+from pipeline.credentials import source_secrets
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.providers.signing import sign
 from pipeline.topology import Source, Topology, Verify
@@ -115,7 +116,7 @@ def sign_file(
         raise PipelineError(
             f"source {source.name} does not verify signatures (verify = none): post it unsigned"
         )
-    secrets = source.secrets(environ)
+    secrets = source_secrets(source, environ)
     if not secrets:
         names = ", ".join(source.secret_env) or "none"
         raise PipelineError(f"source {source.name}: no secret set; set {names} (as for the ingress)")
@@ -147,7 +148,7 @@ def _not_utf8(body: bytes) -> bool:
 def curl_note(topology: Topology, environ: Mapping[str, str]) -> str:
     """What a banner says under its sample curl: how long it is accepted, and how to sign your own."""
     for source in topology.sources.values():
-        if source.verify is Verify.NONE or not source.secrets(environ):
+        if source.verify is Verify.NONE or not source_secrets(source, environ):
             continue
         limit = tolerance(source)
         when = f"is accepted for {limit} s from now" if limit is not None else "does not expire"

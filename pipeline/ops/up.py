@@ -17,32 +17,32 @@ import base64
 import contextlib
 import logging
 import os
-import re
 import secrets
 import shlex
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline import resources, topology
-from pipeline.config import WorkerSettings
+from pipeline import topology
+from pipeline.config import DEFAULT_TOPOLOGY, WorkerSettings
 from pipeline.console.server import Console
 from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.credentials import source_secrets
+from pipeline.errors import PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.kafka.admin import ensure_topics, topic_specs
-from pipeline.ops.foreground import free_port, refuse_busy_ports, second_terminal
-from pipeline.ops.sign import curl_note
+from pipeline.ops.local_broker import LocalBroker
+from pipeline.ops.ports import free_port, refuse_busy_ports
+from pipeline.ops.sign import DEFAULT_URL, curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
 from pipeline.topology import Topology, Verify
 from pipeline.worker.loop import Worker
 
 log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9100  # pipeline inspect's default --workers port
 
 #: Loggers that write a line per request or per record: quiet while the demo's display runs.
 DEMO_NOISE = (
@@ -251,73 +251,6 @@ class Up:
         await LocalBroker.here(self.settings.kafka_port).run("stop")
 
 
-@dataclass(frozen=True)
-class LocalBroker:
-    """The packaged broker script, run for one port with its data under ``run_dir``."""
-
-    script: Path
-    port: int
-    run_dir: Path
-    cache_dir: Path
-
-    @classmethod
-    def here(cls, port: int, environ: Mapping[str, str] | None = None) -> LocalBroker:
-        """The broker of ``port``: data in ``$KAFKA_RUN_DIR`` or ``./.kafka``, jars in kafka.sh's cache."""
-        env = os.environ if environ is None else environ
-        cache = env.get("KAFKA_CACHE_DIR") or str(
-            Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "webhook-pipeline"
-        )
-        return cls(
-            script=resources.kafka_dir() / "kafka.sh",
-            port=port,
-            run_dir=Path(env.get("KAFKA_RUN_DIR") or Path.cwd() / ".kafka").resolve(),
-            cache_dir=Path(cache),
-        )
-
-    @property
-    def log_file(self) -> Path:
-        """The broker's log."""
-        return self.run_dir / str(self.port) / "kafka.log"
-
-    def jars_cached(self) -> bool:
-        """Whether kafka.sh has downloaded this Kafka version's jars already."""
-        pom = self.script.with_name("pom.xml").read_text(encoding="utf-8")
-        version = re.search(r"<kafka.version>(.*)</kafka.version>", pom)
-        return version is not None and (self.cache_dir / f"kafka-{version[1]}" / "lib" / ".complete").exists()
-
-    def missing(self) -> list[str]:
-        """What this machine lacks to run the broker, as install hints (empty: nothing)."""
-        if not self.script.is_file():
-            return [f"the broker script {self.script} (reinstall webhook-pipeline)"]
-        needs = [("bash", "bash"), ("java", "Java 17+ (java)")]
-        if not self.jars_cached():
-            needs.append(("mvn", "Maven (mvn, to download the Kafka jars once)"))
-        return [what for command, what in needs if shutil.which(command) is None]
-
-    def check(self) -> None:
-        """Raise :class:`ConfigError` naming everything missing, in one line."""
-        missing = self.missing()
-        if missing:
-            raise ConfigError(
-                f"pipeline up needs {' and '.join(missing)} on PATH to start a local Kafka broker;"
-                " install it, or give --bootstrap HOST:PORT of a running Kafka"
-            )
-
-    async def run(self, action: str) -> int:
-        """Run ``kafka.sh ACTION PORT``; return its exit status."""
-        env = dict(os.environ, KAFKA_RUN_DIR=str(self.run_dir), PYTHON=sys.executable)
-        process = await asyncio.create_subprocess_exec(
-            "bash", str(self.script), action, str(self.port), stdin=subprocess.DEVNULL, env=env
-        )
-        try:
-            return await process.wait()
-        except asyncio.CancelledError:  # interrupted: end the script too (its broker is stopped after)
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-            await asyncio.shield(process.wait())
-            raise
-
-
 def dev_secrets(topo: Topology, environ: os._Environ[str] | dict[str, str]) -> list[str]:
     """Set a random development secret for each unset secret variable; return their names.
 
@@ -343,7 +276,7 @@ def sample_curl(topo: Topology, base: str, environ: Mapping[str, str] | None = N
     """
     env = os.environ if environ is None else environ
     for source in topo.sources.values():
-        secret_values = source.secrets(env)
+        secret_values = source_secrets(source, env)
         if source.verify is Verify.NONE or not secret_values:
             continue
         event_id = f"evt_demo_{secrets.token_hex(6)}"
@@ -358,3 +291,16 @@ def sample_curl(topo: Topology, base: str, environ: Mapping[str, str] | None = N
         parts += ["-H", "Content-Type: application/json", "--data-binary", body.decode()]
         return shlex.join(parts)
     return f"curl -sS -X POST {base}/webhooks/<source> --data-binary @event.json"
+
+
+def second_terminal(bootstrap: str, topo: Topology, metrics_port: int, ingress_url: str) -> list[str]:
+    """The lines that point a second terminal's ``pipeline`` commands at this ``up``."""
+    lines = [f"export KAFKA_BOOTSTRAP_SERVERS={shlex.quote(bootstrap)}"]
+    if topo.path is not None and Path(topo.path).resolve() != DEFAULT_TOPOLOGY.resolve():
+        lines.append(f"export PIPELINE_TOPOLOGY={shlex.quote(str(Path(topo.path).resolve()))}")
+    if metrics_port != DEFAULT_METRICS_PORT:
+        lines.append(f"export PIPELINE_WORKERS=127.0.0.1:{metrics_port}")
+    if ingress_url != DEFAULT_URL:
+        lines.append(f"export PIPELINE_INGRESS_URL={shlex.quote(ingress_url)}")
+    lines.append(f"pipeline tail {shlex.quote(topo.topics.commands)}    # the commands, as JSON lines")
+    return lines

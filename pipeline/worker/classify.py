@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from pipeline import providers
 from pipeline.contract import Delivery
+from pipeline.credentials import source_secrets
 from pipeline.errors import InvalidRecordError, KeyMismatchError, MissingKeyError, UnknownSourceError
 from pipeline.headers import IDEMPOTENCY_KEY_HEADER
 from pipeline.providers.base import Provider
@@ -85,7 +86,7 @@ class Classifier:
             name: providers.get(source.provider, **source.options)
             for name, source in topology.sources.items()
         }
-        self._secrets = {name: source.secrets(environ) for name, source in topology.sources.items()}
+        self._secrets = {name: source_secrets(source, environ) for name, source in topology.sources.items()}
         self._prefixes = {name: f"{name}:".encode() for name in topology.sources}
 
     def provider(self, source: str) -> Provider:

@@ -1,4 +1,4 @@
-"""``pipeline up``'s port checks (pipeline/ops/foreground.py): every port, before anything starts."""
+"""``pipeline up``'s port checks (pipeline/ops/ports.py): every port, before anything starts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.ops.foreground import refuse_busy_ports
-from pipeline.ops.up import LocalBroker
+from pipeline.ops.ports import refuse_busy_ports
+from pipeline.ops.local_broker import LocalBroker
 
 
 def _free_port() -> int:

@@ -18,7 +18,7 @@ from pipeline.cli import main
 from pipeline.config import DEFAULT_TOPOLOGY
 from pipeline.errors import ConfigError, MissingExtraError, TopologyError
 from pipeline.ops.init import init
-from pipeline.ops.up import LocalBroker
+from pipeline.ops.local_broker import LocalBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

@@ -119,17 +119,17 @@ def test_an_unusable_secret_fails_the_load_naming_the_variable(
     if value != "whsec_":
         assert value.strip() not in problems[0]
     with pytest.raises(ConfigError, match="S2"):
-        topo.sources["s"].secrets(env)
+        credentials.source_secrets(topo.sources["s"], env)
 
 
 def test_load_with_the_environment_checks_secrets(tmp_path: Path) -> None:
-    """topology.load(path, environ) refuses a bad secret with the file name; without environ it only parses."""
+    """credentials.load_checked(path, environ) refuses a bad secret with the file name; without environ it only parses."""
     path = tmp_path / "t.toml"
     path.write_text('[sources.svix]\nprovider = "standard-webhooks"\nsecrets = ["SVIX"]\n')
     with pytest.raises(TopologyError, match=r"t\.toml: SVIX \(secret of source 'svix'.*not standard base64"):
-        topology.load(path, {"SVIX": "whsec_" + "ab_c" * 8})
+        credentials.load_checked(path, {"SVIX": "whsec_" + "ab_c" * 8})
     assert topology.load(path).sources["svix"].secret_env == ("SVIX",)
-    assert topology.load(path, {"SVIX": GOOD_SW, "OTHER": "x"}).app == "webhooks"
+    assert credentials.load_checked(path, {"SVIX": GOOD_SW, "OTHER": "x"}).app == "webhooks"
 
 
 def test_good_secrets_and_unset_or_empty_variables_pass() -> None:
@@ -137,7 +137,7 @@ def test_good_secrets_and_unset_or_empty_variables_pass() -> None:
     topo = topology.parse({"sources": {"sw": _source("standard-webhooks"), "st": _source("stripe")}})
     env = {"S1": GOOD_SW, "S2": ""}
     assert credentials.secret_problems(topo, env) == []
-    assert topo.sources["sw"].secrets(env) == [GOOD_SW]
+    assert credentials.source_secrets(topo.sources["sw"], env) == [GOOD_SW]
 
 
 def test_a_worker_verified_source_without_any_secret_is_refused() -> None:
