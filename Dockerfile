@@ -24,7 +24,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 COPY --from=build /wheels /wheels
-COPY topologies ./topologies
+COPY pipeline/topologies ./topologies
 RUN pip install /wheels/*.whl \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 pipeline \

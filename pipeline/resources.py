@@ -4,9 +4,8 @@ The wheel carries ``pipeline/topologies/*.toml`` (and their reference,
 ``README.md``) and ``pipeline/ops/kafka/``
 (``kafka.sh``, ``probe.py``, ``pom.xml``, ``log4j2.properties``), so an
 installed ``pipeline`` works from any directory. In the checkout,
-``deploy/kafka/`` links to ``pipeline/ops/kafka/``, and ``topologies/`` holds
-byte-identical copies of the packaged topologies and their README
-(``tests/unit/test_packaging.py`` checks it): edit both.
+``deploy/kafka/`` links to ``pipeline/ops/kafka/`` and ``topologies/`` to
+``pipeline/topologies/``: each file has one copy.
 
 A topology option that names no existing file falls back to the packaged
 topology of the same name: ``default``, ``default.toml`` and

@@ -268,7 +268,7 @@ def test_compose_topology_is_the_one_shipped_in_the_image(monkeypatch: pytest.Mo
     """The topology path the services use is the repository file the Dockerfile copies, and it loads."""
     instructions = _dockerfile_instructions()
     assert ("WORKDIR", IMAGE_WORKDIR) in instructions
-    assert ("COPY", "topologies ./topologies") in instructions
+    assert ("COPY", "pipeline/topologies ./topologies") in instructions
     for name in ("topics", "ingress", "worker"):
         path = Path(_compose_args(name, monkeypatch).topology)
         if path.is_absolute():
