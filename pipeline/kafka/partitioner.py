@@ -3,7 +3,7 @@
 Pure: no broker, no aiokafka. The hash itself comes from the ``murmurhash2``
 package (compiled, so much cheaper per key than a Python murmur2; ``bench/hotpath.py``), seeded
 as ``org.apache.kafka.common.utils.Utils.murmur2`` is; the Java client's own
-test vectors check it (``tests/unit/test_kafka.py``).
+test vectors check it (``tests/unit/kafka/test_partitioner.py``).
 """
 
 from __future__ import annotations

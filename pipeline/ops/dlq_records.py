@@ -29,7 +29,7 @@ _SHA256_PREFIX = b"sha256:"
 _TS_MAX_MS = 7_258_118_400_000  # 2200-01-01, as the contract's timestamps
 
 #: Every reason a DLQ record can carry (docs/design.md, section 7), and ``unparseable`` for a
-#: record that is not a DLQ record at all; tests/unit/test_dlq.py checks it against the worker.
+#: record that is not a DLQ record at all; tests/unit/ops/test_dlq_records.py checks it against the worker.
 DLQ_REASONS = (
     "bad-body",
     "bad-effect-record",

@@ -22,6 +22,7 @@ PURE = (
     "pipeline.state.decision",
     "pipeline.kafka.partitioner",
     "pipeline.kafka.record_size",
+    "pipeline.worker.classify",
     "pipeline.providers.generic",
 )
 IO_LIBRARIES = ("aiokafka", "rocksdict", "aiohttp")
@@ -60,3 +61,14 @@ def test_no_module_of_pipeline_imports_one_that_imports_it_back() -> None:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         pytest.fail(f"an import circle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_unit_tests_mirror_the_package() -> None:
+    """Each folder of tests/unit/ is a subpackage of pipeline/: a unit test sits beside what it tests."""
+    package = Path(pipeline.__file__).resolve().parent
+    unit = Path(__file__).resolve().parent
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    subpackages = {p.parent.name for p in package.glob("*/__init__.py")}
+    assert folders <= subpackages, (
+        f"tests/unit/ folders with no pipeline/ subpackage: {folders - subpackages}"
+    )

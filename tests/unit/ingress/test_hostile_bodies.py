@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.unit import test_ingress_hostile_headers as headers
-from tests.unit.hostile_requests import (
+from tests.unit.ingress import test_hostile_headers as headers
+from tests.unit.ingress.hostile_requests import (
     BOMB,
     GH,
     MAX_BODY,

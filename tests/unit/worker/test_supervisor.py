@@ -276,7 +276,7 @@ def test_a_bad_process_count_is_one_line_and_exit_2(
 
 def test_an_unsplittable_metrics_port_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`pipeline worker --processes 4 --metrics-port 65534` exits 1 with one line, before starting anything."""
-    topo = Path(__file__).resolve().parents[2] / "topologies" / "default.toml"
+    topo = Path(__file__).resolve().parents[3] / "topologies" / "default.toml"
     code = main(
         [
             "worker",

@@ -8,7 +8,7 @@ from typing import Any
 from pipeline import topology
 from pipeline.ops.lookup import Delivery, DlqRecord, Report, _from_worker, key_url, summarise
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _topo() -> topology.Topology:

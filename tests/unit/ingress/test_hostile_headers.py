@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.unit.hostile_requests import (
+from tests.unit.ingress.hostile_requests import (
     EVT,
     GH,
     NOW,

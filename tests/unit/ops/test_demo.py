@@ -14,7 +14,7 @@ from pipeline.errors import PipelineError
 from pipeline.ops.demo import Counts, plan, summary
 from pipeline.ops.up import Up, UpSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _topo() -> topology.Topology:

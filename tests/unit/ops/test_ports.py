@@ -11,8 +11,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.ops.ports import refuse_busy_ports
 from pipeline.ops.local_broker import LocalBroker
+from pipeline.ops.ports import refuse_busy_ports
 
 
 def _free_port() -> int:

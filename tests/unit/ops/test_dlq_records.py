@@ -34,7 +34,7 @@ from pipeline.worker.event_stage import replayed_from
 from pipeline.worker.poison import UNPRODUCIBLE
 from pipeline.worker.stage import HandlerFailedError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NOW_MS = int(NOW.timestamp() * 1000)

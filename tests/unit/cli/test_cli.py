@@ -17,7 +17,7 @@ from pipeline.config import INGRESS_OPTIONS, WORKER_DEFAULTS, WORKER_OPTIONS, Op
 from pipeline.errors import ConfigError
 from pipeline.ingress.server import IngressSettings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = {
     "worker": (WorkerSettings, WORKER_OPTIONS, worker_settings),
     "ingress": (IngressSettings, INGRESS_OPTIONS, ingress_settings),

@@ -12,7 +12,7 @@ from pipeline.cli import main
 from pipeline.errors import InvalidRecordError, PipelineError
 from pipeline.ops.sign import sign_file
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BODY = b'{"id": "evt_mine_1", "object": "event", "type": "invoice.paid", "data": {}}\n'
 
 
