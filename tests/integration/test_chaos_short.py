@@ -1,4 +1,4 @@
-"""The short chaos run (bench/chaos/run.py --quick) as CI runs it: a private broker, faults, a checker."""
+"""The short chaos run (python -m tests.chaos.run --quick) as CI runs it: a private broker, faults, a checker."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_chaos_run_passes() -> None:
     """SIGKILL, a SIGSTOP zombie and a broker restart under load: exactly once, and the run says PASS."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos" / "run.py"), "--quick", "--seed", "20240501"],
+        [sys.executable, "-m", "tests.chaos.run", "--quick", "--seed", "20240501"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,7 +1,7 @@
 """Chaos run: exactly-once through worker crashes, zombies, broker restarts and rebalances.
 
-    .venv/bin/python bench/chaos/run.py                 # full: 200,000 events, 3 workers, 6 partitions
-    .venv/bin/python bench/chaos/run.py --quick         # ~2 minutes: 15,000 events, 2 workers, 3 faults
+    .venv/bin/python -m tests.chaos.run                 # full: 200,000 events, 3 workers, 6 partitions
+    .venv/bin/python -m tests.chaos.run --quick         # ~2 minutes: 15,000 events, 2 workers, 3 faults
 
 It starts a private broker (``deploy/kafka/kafka.sh`` on free ports, in a temporary
 directory), creates unique topics, produces a realistic webhook workload continuously
@@ -48,9 +48,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checker import check
-from cluster import Broker, InputProducer, Monitor, Sample, Workers
-from workload import SOURCES, Materializer, plan
+from tests.chaos.checker import check
+from tests.chaos.cluster import Broker, InputProducer, Monitor, Sample, Workers
+from tests.chaos.workload import SOURCES, Materializer, plan
 
 from pipeline import topology
 from pipeline.kafka.admin import ensure_topics, topic_specs
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"chaos run: seed {seed}, {args.events} events, {args.workers} workers, {args.partitions} partitions, "
         f"~{args.duration:.0f}s of production at {args.rate:.0f}/s, faults {order}\n"
-        f"run dir {run_dir}\nrerun: {sys.executable} bench/chaos/run.py {rerun} --seed {seed}",
+        f"run dir {run_dir}\nrerun: {sys.executable} -m tests.chaos.run {rerun} --seed {seed}",
         flush=True,
     )
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from workload import Item, Materializer
+from tests.chaos.workload import Item, Materializer
 
 ROOT = Path(__file__).resolve().parents[2]
 KAFKA_SH = ROOT / "deploy" / "kafka" / "kafka.sh"
