@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
 from tests.chaos.workload import Item, Materializer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -48,13 +48,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos.checker import check
-from tests.chaos.cluster import Broker, InputProducer, Monitor, Sample, Workers
-from tests.chaos.workload import SOURCES, Materializer, plan
-
 from pipeline import topology
 from pipeline.kafka.admin import ensure_topics, topic_specs
 from pipeline.kafka.partitioner import owner_partition
+from tests.chaos.checker import check
+from tests.chaos.cluster import Broker, InputProducer, Monitor, Sample, Workers
+from tests.chaos.workload import SOURCES, Materializer, plan
 
 FAULT_KINDS = ("sigkill", "sigstop", "broker", "outage", "join", "leave")
 OUTAGE_S = 90.0  # an ``outage`` keeps the broker down this long: longer than a transaction may stay open
