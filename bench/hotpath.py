@@ -37,6 +37,7 @@ from bench.lib.topology_file import write_topology
 from bench.lib.workload import make_stream, source_headers
 from pipeline.cli import tune_gc
 from pipeline.kafka.partitioner import KeyPartitioner
+from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import load
@@ -54,14 +55,12 @@ class _Sent:
 
 
 class StandInProducer:
-    """aiokafka's batch builder and transaction calls, with sends that succeed at once."""
+    """aiokafka's producer's transaction calls, with sends that succeed at once (wrapped in the
+    worker's TransactionalProducer, as the real one is)."""
 
     def __init__(self) -> None:
         self.records = 0
         self.offsets: dict[tuple[str, int], int] = {}
-
-    def create_batch(self) -> BatchBuilder:
-        return BatchBuilder(512 * 1024, 0, is_transactional=True, key_serializer=None, value_serializer=None)
 
     async def begin_transaction(self) -> None:
         return None
@@ -91,7 +90,7 @@ def build_records(topic: str, events: int, seed: int) -> list[ConsumerRecord[byt
     partitioner = KeyPartitioner()
     now = int(time.time() * 1000)
     headers = tuple(source_headers(now))
-    records = []
+    records: list[ConsumerRecord[bytes, bytes]] = []
     for key, body in stream.records():
         if partitioner(key, PARTITIONS) != 0:
             continue
@@ -117,7 +116,11 @@ async def run(records: list[ConsumerRecord[bytes, bytes]], topology_path: Path, 
     store = PartitionStore.open(state, bucket_ms=bucket_width(7 * 86_400_000))
     producer = StandInProducer()
     checkpoint = PartitionTransaction(
-        tp=tp, group="hotpath", producer=producer, store=store, changelog=TopicPartition(topics.changelog, 0)
+        tp=tp,
+        group="hotpath",
+        producer=TransactionalProducer(producer, "hotpath-0"),
+        store=store,
+        changelog=TopicPartition(topics.changelog, 0),
     )
     processor = EventStage(tp=tp, topology=topology, classifier=classifier, txn=checkpoint, outputs=outputs)
     started = time.process_time()
