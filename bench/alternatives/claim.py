@@ -27,8 +27,8 @@ import psycopg
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.alternatives
+from bench.alternatives.common import command
 
 log = logging.getLogger("claim")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import faust
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.alternatives
+from bench.alternatives.common import command
 
 ENV = os.environ
 PARTITIONS = int(ENV.get("FAUST_BENCH_PARTITIONS", "4"))

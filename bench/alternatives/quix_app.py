@@ -21,8 +21,8 @@ from typing import Any
 
 from quixstreams import Application, State
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.alternatives
+from bench.alternatives.common import command
 
 TTL_MS = 7 * 86400 * 1000
 
