@@ -37,8 +37,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -208,7 +209,7 @@ def timed(
     topic: str,
     partitions: int,
     newest: list[dict[bytes, bytes]],
-    body: Callable[[list[PartitionStore]], Awaitable[int]],
+    body: Callable[[list[PartitionStore]], Coroutine[Any, Any, int]],
     profile: int,
 ) -> tuple[str, int, float]:
     """Run ``body`` on fresh stores, check them, and return (name, records, seconds)."""

@@ -62,7 +62,7 @@ seen = app.Table("seen", default=None, key_type=bytes, value_type=bytes, partiti
 
 
 @app.agent(raw)
-async def dedupe(stream: faust.StreamT) -> None:
+async def dedupe(stream: faust.StreamT[bytes]) -> None:
     async for event in stream.events():
         key = event.key
         if key in seen:

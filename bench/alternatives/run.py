@@ -284,13 +284,15 @@ class Bench:
         if name == "worker":
             if args.worker_commit_interval_ms is not None:
                 return int(args.worker_commit_interval_ms)
-            return round(WORKER_DEFAULTS["commit_interval"] * 1000)
+            return round(float(WORKER_DEFAULTS["commit_interval"]) * 1000)
         if name == "quix-eos" and args.quix_commit_interval_ms is not None:
             return int(args.quix_commit_interval_ms)
         return int(args.commit_interval_ms)
 
-    def command_for(self, name: str, *, input_topic: str, output: str, group: str, state: Path) -> tuple:
-        """(argv, env, output topic) of a contender reading ``input_topic``."""
+    def command_for(
+        self, name: str, *, input_topic: str, output: str, group: str, state: Path
+    ) -> tuple[list[str], dict[str, str] | None]:
+        """(argv, env) of a contender reading ``input_topic``."""
         args = self.args
         py = sys.executable
         commit_ms = args.commit_interval_ms
@@ -365,10 +367,10 @@ class Bench:
             args.bootstrap, input_topic, args.partitions, stream.records(), len(stream), f"{name} backlog"
         )
         if name in ("redis", "postgres"):
-            store = RedisServer(self.work) if name == "redis" else PostgresServer(self.work)
-            self.stores.append(store)
-            await store.ready()
-            say(f"  {name} server at {store.url}")
+            server = RedisServer(self.work) if name == "redis" else PostgresServer(self.work)
+            self.stores.append(server)
+            await server.ready()
+            say(f"  {name} server at {server.url}")
         state = self.work / f"{name}-state"
         output = await self.prepare(name, app, input_topic, state)
         group = f"{app}-group"
@@ -671,7 +673,7 @@ class Bench:
         for r in self.rows:
             d, lat, c = r.drain, r.latency, r.crash
             ratio = d.rate / base.drain.rate if d and base and base.drain else float("nan")
-            finished = c is not None and c.outputs > 0
+            finished = c if c is not None and c.outputs > 0 else None
             rows.append(
                 (
                     r.label + (" (FAILED)" if r.error else ""),
@@ -681,8 +683,8 @@ class Bench:
                     f"{lat.p99_ms:,.0f}" if lat else "-",
                     f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib == r.peak_rss_mib else "-",
                     f"{d.cpu_per_100k:.1f}" if d else "-",
-                    f"{c.duplicates:,}" if finished else "-",
-                    f"{c.missing:,}" if finished else "-",
+                    f"{finished.duplicates:,}" if finished else "-",
+                    f"{finished.missing:,}" if finished else "-",
                 )
             )
         widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
@@ -766,10 +768,10 @@ def alternative_versions() -> str:
     pg = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
     if pg:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(
+            version = subprocess.run(
                 [str(pg[-1]), "--version"], capture_output=True, text=True, timeout=10, check=False
             )
-            found.append(out.stdout.strip())
+            found.append(version.stdout.strip())
     return ", ".join(found)
 
 
