@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import Any
 
+from tests.simulation.loop import SimLoop
 from tests.simulation.records import ABORT, COMMIT, ProducedBatch, StoredBatch, at_offset, marker
 
 NONE = 0
@@ -273,7 +274,7 @@ class Group:
 class Broker:
     """The whole model; the wire layer (:mod:`tests.simulation.wire`) turns requests into calls of it."""
 
-    def __init__(self, loop: Any, rng: Random, trace: Callable[[str], None]) -> None:
+    def __init__(self, loop: SimLoop, rng: Random, trace: Callable[[str], None]) -> None:
         self.loop = loop
         self.rng = rng
         self.trace = trace
@@ -437,7 +438,9 @@ class Broker:
             txn.partitions = set()
             txn.groups = set()
 
-    def add_partitions(self, txn_id: str, pid: int, epoch: int, tps: list[tuple[str, int]]) -> dict[Any, int]:
+    def add_partitions(
+        self, txn_id: str, pid: int, epoch: int, tps: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
         error, txn = self._txn_for(txn_id, pid, epoch)
         if txn is None:
             return dict.fromkeys(tps, error)
@@ -447,7 +450,7 @@ class Broker:
         if injected:
             return dict.fromkeys(tps, injected)
         self._open(txn)
-        result = {}
+        result: dict[tuple[str, int], int] = {}
         for tp in tps:
             if self.log(*tp) is None:
                 result[tp] = UNKNOWN_TOPIC_OR_PARTITION

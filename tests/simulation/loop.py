@@ -30,12 +30,16 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
+from concurrent.futures import Executor
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 #: The process the running code belongs to (None: the world).
 CURRENT: contextvars.ContextVar[Process | None] = contextvars.ContextVar("sim_process", default=None)
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 WATCHDOG_S = 5.0  # real seconds one callback may run
 STEP_COST_S = 0.000005  # the virtual time one callback takes
@@ -109,7 +113,10 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     # -- scheduling ---------------------------------------------------------------
     def call_soon(
-        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         ctx = context if context is not None else contextvars.copy_context()
         handle = asyncio.Handle(callback, args, self, ctx)
@@ -117,15 +124,18 @@ class SimLoop(asyncio.AbstractEventLoop):
         return handle
 
     def call_soon_threadsafe(
-        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         return self.call_soon(callback, *args, context=context)
 
     def call_later(
         self,
         delay: float,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         return self.call_at(self._now + max(delay, 0.0), callback, *args, context=context)
@@ -133,8 +143,8 @@ class SimLoop(asyncio.AbstractEventLoop):
     def call_at(
         self,
         when: float,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         ctx = context if context is not None else contextvars.copy_context()
@@ -150,11 +160,11 @@ class SimLoop(asyncio.AbstractEventLoop):
 
     def create_task(
         self,
-        coro: Coroutine[Any, Any, Any],
+        coro: Generator[Any, None, _T] | Coroutine[Any, Any, _T],  # typeshed's _CoroutineLike before 3.12
         *,
         name: str | None = None,
         context: contextvars.Context | None = None,
-    ) -> asyncio.Task[Any]:
+    ) -> asyncio.Task[_T]:
         task = asyncio.Task(coro, loop=self, name=name, context=context)
         self.tasks.append(task)
         self.owners[task] = (context if context is not None else contextvars.copy_context()).get(CURRENT)
@@ -348,8 +358,10 @@ class SimLoop(asyncio.AbstractEventLoop):
     def set_exception_handler(self, handler: Any) -> None:
         return None
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        future = self.create_future()  # no threads: the call runs now, in order
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts
+    ) -> asyncio.Future[_T]:
+        future: asyncio.Future[_T] = self.create_future()  # no threads: the call runs now, in order
         try:
             future.set_result(func(*args))
         except Exception as exc:
@@ -359,7 +371,7 @@ class SimLoop(asyncio.AbstractEventLoop):
 
 def _awaiting(coro: Any) -> str:
     """Where a suspended coroutine waits: each frame down its chain of awaits."""
-    steps = []
+    steps: list[str] = []
     while coro is not None and len(steps) < 20:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
@@ -373,11 +385,11 @@ def _awaiting(coro: Any) -> str:
 def virtual_time(loop: SimLoop) -> Iterator[None]:
     """Make ``time.monotonic`` and ``time.time`` read ``loop``'s clock for the duration."""
     saved = time.monotonic, time.time, time.time_ns, time.monotonic_ns
-    time.monotonic = loop.time  # type: ignore[assignment]
-    time.time = loop.wall  # type: ignore[assignment]
-    time.time_ns = lambda: int(loop.wall() * 1e9)  # type: ignore[assignment]
-    time.monotonic_ns = lambda: int(loop.time() * 1e9)  # type: ignore[assignment]
+    time.monotonic = loop.time
+    time.time = loop.wall
+    time.time_ns = lambda: int(loop.wall() * 1e9)
+    time.monotonic_ns = lambda: int(loop.time() * 1e9)
     try:
         yield
     finally:
-        time.monotonic, time.time, time.time_ns, time.monotonic_ns = saved  # type: ignore[assignment]
+        time.monotonic, time.time, time.time_ns, time.monotonic_ns = saved

@@ -205,14 +205,23 @@ def installed(network: Network) -> Iterator[None]:
     async def create_conn(host: str, port: int, **options: Any) -> SimConnection:
         return await network.connect(host, port, **options)
 
-    aiokafka.client.create_conn = create_conn  # type: ignore[assignment]
+    aiokafka.client.create_conn = create_conn
     try:
         yield
     finally:
-        aiokafka.client.create_conn = saved  # type: ignore[assignment]
+        aiokafka.client.create_conn = saved
 
 
 # -- requests ----------------------------------------------------------------------------
+
+# rows of the responses, in the shapes aiokafka's protocol structs take
+# partition, error, high watermark, last stable offset, log start, aborted transactions, preferred replica, records
+FetchAnswer = tuple[int, int, int, int, int, list[tuple[int, int]] | None, int, bytes]
+# name, value, read-only, source, sensitive, synonyms
+ConfigEntry = tuple[str, str, bool, int, bool, list[Any]]
+# error, partition, leader, (leader epoch,) replicas, in-sync replicas, offline replicas(, tagged fields)
+PartitionMetadata = tuple[int, int, int, list[int], list[int], list[int]]
+PartitionMetadataV12 = tuple[int, int, int, int, list[int], list[int], list[int], dict[int, Any]]
 
 
 async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None) -> Any:
@@ -243,8 +252,8 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
         return req.RESPONSE_TYPE(0, error, pid, epoch)
     if key == transaction.AddPartitionsToTxnRequest.API_KEY:
         tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
-        result = broker.add_partitions(req.transactional_id, req.producer_id, req.producer_epoch, tps)
-        return req.RESPONSE_TYPE(0, _by_topic(result))
+        added = broker.add_partitions(req.transactional_id, req.producer_id, req.producer_epoch, tps)
+        return req.RESPONSE_TYPE(0, _by_topic(added))
     if key == transaction.AddOffsetsToTxnRequest.API_KEY:
         error = broker.add_offsets(req.transactional_id, req.producer_id, req.producer_epoch, req.group_id)
         return req.RESPONSE_TYPE(0, error)
@@ -307,11 +316,11 @@ async def _fetch(broker: b.Broker, req: Any) -> Any:
     deadline = loop.time() + req.max_wait_time / 1000
     committed = req.isolation_level == 1
     while True:
-        topics = []
+        topics: list[tuple[str, list[FetchAnswer]]] = []
         found = False
         waits = []
         for topic, partitions in req.topics:
-            answers = []
+            answers: list[FetchAnswer] = []
             for partition, _leader_epoch, position, _log_start, max_bytes in partitions:
                 log = broker.log(topic, partition)
                 if log is None:
@@ -368,26 +377,30 @@ def _list_offsets(broker: b.Broker, req: Any) -> Any:
 
 def _metadata(broker: b.Broker, req: Any) -> Any:
     names = list(broker.topics) if req.topics is None else list(req.topics)
-    topics = []
+    topics: list[tuple[int, str, bool, list[PartitionMetadata]]] = []
     for name in names:
         topic = broker.topics.get(name)
         if topic is None:
             topics.append((b.UNKNOWN_TOPIC_OR_PARTITION, name, False, []))
             continue
-        partitions = [(0, p, NODE, [NODE], [NODE], []) for p in range(len(topic.partitions))]
+        partitions: list[PartitionMetadata] = [
+            (0, p, NODE, [NODE], [NODE], []) for p in range(len(topic.partitions))
+        ]
         topics.append((0, name, False, partitions))
     return req.RESPONSE_TYPE(0, [(NODE, HOST, PORT, None)], broker.cluster_id, NODE, topics)
 
 
 def _metadata_v12(broker: b.Broker, req: Any) -> Any:
     names = [name for _id, name, _tags in req.topics]
-    topics = []
+    topics: list[tuple[int, str, uuid.UUID, bool, list[PartitionMetadataV12], int, dict[int, Any]]] = []
     for name in names:
         topic = broker.topics.get(name)
         if topic is None:
             topics.append((b.UNKNOWN_TOPIC_OR_PARTITION, name, uuid.UUID(int=0), False, [], 0, {}))
             continue
-        partitions = [(0, p, NODE, 0, [NODE], [NODE], [], {}) for p in range(len(topic.partitions))]
+        partitions: list[PartitionMetadataV12] = [
+            (0, p, NODE, 0, [NODE], [NODE], [], {}) for p in range(len(topic.partitions))
+        ]
         topics.append((0, name, topic.id, False, partitions, 0, {}))
     return req.RESPONSE_TYPE(0, [(NODE, HOST, PORT, None, {})], broker.cluster_id, NODE, topics, {})
 
@@ -421,7 +434,7 @@ async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any
 
 
 def _describe_configs(broker: b.Broker, req: Any) -> Any:
-    resources = []
+    resources: list[tuple[int, str | None, int, str, list[ConfigEntry]]] = []
     for resource_type, name, _keys in req.resources:
         topic = broker.topics.get(name)
         if topic is None:
@@ -429,6 +442,6 @@ def _describe_configs(broker: b.Broker, req: Any) -> Any:
                 (b.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name} does not exist", resource_type, name, [])
             )
             continue
-        entries = [(k, v, False, 1, False, []) for k, v in topic.config.as_dict().items()]
+        entries: list[ConfigEntry] = [(k, v, False, 1, False, []) for k, v in topic.config.as_dict().items()]
         resources.append((0, None, resource_type, name, entries))
     return req.RESPONSE_TYPE(0, resources)

@@ -216,7 +216,9 @@ class World:
         self.scenario = scenario
         self.root = root
         self.rng = Random(scenario.seed ^ 0x5EED)
-        self.loop = SimLoop(max_time=100_000.0, max_steps=400_000)
+        # typeshed declares every AbstractEventLoop method abstract; at run time they raise
+        # NotImplementedError, and SimLoop implements the ones asyncio and aiokafka call
+        self.loop = SimLoop(max_time=100_000.0, max_steps=400_000)  # type: ignore[abstract]
         self.trace: deque[str] = deque(maxlen=4000)
         self.broker = b.Broker(self.loop, Random(self.rng.getrandbits(64)), self.note)
         self.network = wire.Network(self.broker, Random(self.rng.getrandbits(64)))
