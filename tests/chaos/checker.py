@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
@@ -95,14 +95,19 @@ def read_all(bootstrap: str, topic: str, *, timeout: float = 300.0) -> list[Rec]
                         pending.discard(message.partition())
                         continue
                     raise RuntimeError(f"reading {topic}: {error}")
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None  # a consumed record has both
+                assert offset is not None
+                # a consumed record's headers are (name, bytes or None) pairs (the stubs also allow a dict and str)
+                headers = cast("list[tuple[str, bytes | None]]", message.headers() or [])
                 records.append(
                     Rec(
                         topic,
-                        message.partition(),
-                        message.offset(),
+                        partition,
+                        offset,
                         message.key(),
                         message.value() or b"",
-                        {name: value or b"" for name, value in message.headers() or ()},
+                        {name: value or b"" for name, value in headers},
                     )
                 )
         return records
@@ -189,7 +194,10 @@ def check(
         report.fail(f"{len(doubled)} produced records appear twice in the input (producer retries)", doubled)
 
     expected = {(r.partition, r.offset): (r, expect(r, partitions)) for r in inputs}
-    valid_keys = {e.key for _, e in expected.values() if e.outcome in ("valid", "rerouted")}
+    # a valid or rerouted record always has a key (see expect)
+    valid_keys = {
+        e.key for _, e in expected.values() if e.outcome in ("valid", "rerouted") and e.key is not None
+    }
     malformed = {pos: (r, e) for pos, (r, e) in expected.items() if e.outcome == "invalid"}
     by_kind = Counter(r.headers.get("chaos-malformed", b"?").decode() for r, _ in malformed.values())
     if len(malformed) != planned_malformed:
@@ -219,7 +227,7 @@ def check(
     if twice:
         report.fail(f"{len(twice)} input records are audited more than once", twice)
     outcomes = Counter(a["outcome"] for a in audit)
-    wrong_outcome = []
+    wrong_outcome: list[tuple[Any, ...]] = []
     firsts: Counter[str] = Counter()
     for pos, items in per_position.items():
         if pos not in expected:
@@ -281,14 +289,15 @@ def check(
             or base64.b64decode(dlq[pos][0].get("value_base64", "")) != rec.value
         )
     ]
-    for message, items in (
+    dlq_findings: list[tuple[str, list[Any]]] = [
         ("malformed records missing from the DLQ", dlq_missing),
         ("DLQ records for records that are not malformed", dlq_extra),
         ("malformed records in the DLQ more than once", dlq_twice),
         ("DLQ records with the wrong reason, no error or other bytes", dlq_wrong),
-    ):
-        if items:
-            report.fail(f"{len(items)} {message}", items)
+    ]
+    for message, findings in dlq_findings:
+        if findings:
+            report.fail(f"{len(findings)} {message}", findings)
 
     report.counts = {
         "input records": len(inputs),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -267,16 +268,18 @@ class InputProducer:
 
     def _send(self, item: Item) -> None:
         key, value, headers, partition = self.materializer.record(item)
-        kwargs = {} if partition is None else {"partition": partition}
+        # confluent_kafka's headers: a list of (name, str | bytes | None); a list is invariant, hence the copy
+        wire_headers: list[tuple[str, str | bytes | None]] = list(headers)
+        target = -1 if partition is None else partition  # -1: the producer's partitioner (produce's default)
         while True:
             try:
                 self.producer.produce(
                     self.topic,
                     value,
                     key,
-                    headers=headers,
-                    on_delivery=lambda err, msg, item=item: self._on_delivery(item, err, msg),
-                    **kwargs,
+                    partition=target,
+                    headers=wire_headers,
+                    on_delivery=functools.partial(self._on_delivery, item),
                 )
                 break
             except BufferError:

@@ -246,7 +246,7 @@ def _github(rng: random.Random) -> tuple[dict[str, Any], str]:
 
 def _shopify(rng: random.Random) -> tuple[dict[str, Any], str]:
     order_id = rng.randrange(10**12, 10**13)
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "id": rng.randrange(10**12),
             "title": rng.choice(("T-shirt", "Mug", "Poster", "Hoodie")),
