@@ -202,7 +202,7 @@ async def test_a_commit_refused_during_a_rebalance_does_not_end_the_stream() -> 
     """CommitFailedError on the periodic commit is logged, not raised: the next owner redoes those commands as repeats."""
     tp = TopicPartition("cmds", 0)
     stream = CommandStream("127.0.0.1:1", ["cmds"], group="g")
-    stream.consumer = _RebalancingConsumer(tp)  # type: ignore[assignment]
+    stream.consumer = _RebalancingConsumer(tp)
     stream._record_done(tp, 5)
     await stream.commit()
     assert stream.committed == 0

@@ -176,7 +176,7 @@ async def exchange(port: int, case: Case) -> tuple[int, bytes, bytes]:
 async def serve() -> AsyncIterator[tuple[int, Sink]]:
     """The ingress app on a test server: its port and its sink."""
     sink = Sink()
-    app = build_app(TOPO, sink, max_body_bytes=MAX_BODY, environ=ENVIRON, clock=lambda: float(NOW))  # type: ignore[arg-type]
+    app = build_app(TOPO, sink, max_body_bytes=MAX_BODY, environ=ENVIRON, clock=lambda: float(NOW))
     client: TestClient[web.Request, web.Application] = TestClient(TestServer(app))
     await client.start_server()
     try:

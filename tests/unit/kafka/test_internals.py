@@ -101,7 +101,7 @@ async def test_stop_consumer_swallows_a_cancellation_it_did_not_ask_for() -> Non
         async def stop(self) -> None:
             raise asyncio.CancelledError
 
-    await internals.stop_consumer(Stopping())  # type: ignore[arg-type]
+    await internals.stop_consumer(Stopping())
 
 
 async def test_stop_consumer_lets_a_real_cancellation_through() -> None:
@@ -113,7 +113,7 @@ async def test_stop_consumer_lets_a_real_cancellation_through() -> None:
             entered.set()
             await asyncio.sleep(10)
 
-    task = asyncio.ensure_future(internals.stop_consumer(Slow()))  # type: ignore[arg-type]
+    task = asyncio.ensure_future(internals.stop_consumer(Slow()))
     await entered.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

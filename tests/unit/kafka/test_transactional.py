@@ -66,7 +66,7 @@ class Stub:
 
 
 def _wrapped(stub: Stub) -> TransactionalProducer:
-    return TransactionalProducer(stub, "raw-0")  # type: ignore[arg-type]
+    return TransactionalProducer(stub, "raw-0")
 
 
 @pytest.mark.parametrize("call", ["begin", "offsets", "commit", "abort"])

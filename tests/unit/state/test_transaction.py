@@ -81,7 +81,7 @@ def _checkpoint(producer: StandInProducer, store: PartitionStore, **options: Any
     return PartitionTransaction(
         tp=TopicPartition("raw", 0),
         group="g",
-        producer=TransactionalProducer(producer, "raw-0"),  # type: ignore[arg-type]
+        producer=TransactionalProducer(producer, "raw-0"),
         store=store,
         changelog=CHANGELOG,
         **options,

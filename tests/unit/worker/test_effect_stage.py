@@ -64,7 +64,7 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
     txn = PartitionTransaction(
         tp=TopicPartition(TOPICS.effects, 0),
         group="g",
-        producer=TransactionalProducer(producer, "effects-0"),  # type: ignore[arg-type]
+        producer=TransactionalProducer(producer, "effects-0"),
         store=store,
         changelog=TopicPartition(TOPICS.effects_changelog, 0),
         limits=outputs.limits,

@@ -37,7 +37,7 @@ async def test_a_woken_fetch_stays_pending_and_a_later_call_takes_its_records() 
     generation = iter(range(10))
     fetch = LoopFetch(max_records=10, snapshot=lambda: next(generation))
     consumer = _SlowConsumer()
-    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
     fetch.wake()
     assert await asyncio.wait_for(waiting, 1) == ({}, 0)
@@ -52,7 +52,7 @@ async def test_a_wake_before_the_wait_is_forgotten_by_the_next_fetch() -> None:
     fetch = LoopFetch(max_records=10, snapshot=lambda: None)
     consumer = _SlowConsumer()
     fetch.wake()
-    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     consumer.ready.set()
@@ -63,7 +63,7 @@ async def test_close_drops_a_pending_fetch() -> None:
     """At shutdown the pending getmany is cancelled and awaited; the next call starts a new one."""
     fetch = LoopFetch(max_records=10, snapshot=lambda: None)
     consumer = _SlowConsumer()
-    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
     fetch.wake()
     await waiting
