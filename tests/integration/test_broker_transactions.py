@@ -9,6 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
+from tests.conftest import TopicFactory
+
 pytestmark = pytest.mark.broker
 
 
@@ -38,7 +40,7 @@ async def _read_all(
 
 
 async def test_committed_records_are_visible_and_aborted_ones_are_not(
-    bootstrap: str, make_topic: Callable[..., object], unique: Callable[[str], str]
+    bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]
 ) -> None:
     """A read_committed consumer sees a committed transaction's records and never an aborted one's."""
     topic = await make_topic("txn")
@@ -66,13 +68,14 @@ async def _committed_offset(bootstrap: str, group: str, tp: TopicPartition) -> i
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(tp)
+        committed: int | None = await consumer.committed(tp)
+        return committed
     finally:
         await consumer.stop()
 
 
 async def test_offsets_sent_to_a_transaction_commit_only_with_it(
-    bootstrap: str, make_topic: Callable[..., object], unique: Callable[[str], str]
+    bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]
 ) -> None:
     """send_offsets_to_transaction moves the group's offset on commit and leaves it on abort."""
     source = await make_topic("src")
@@ -104,7 +107,7 @@ async def _send_and_commit(producer: AIOKafkaProducer, topic: str, value: bytes)
 
 
 async def test_a_second_producer_with_the_same_transactional_id_fences_the_first(
-    bootstrap: str, make_topic: Callable[..., object], unique: Callable[[str], str]
+    bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]
 ) -> None:
     """Starting a producer with a taken transactional id fences the older one and aborts its transaction."""
     topic = await make_topic("fence")

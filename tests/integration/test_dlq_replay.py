@@ -93,7 +93,7 @@ async def test_replay_after_the_secret_is_fixed_gives_each_event_one_command(pip
     finally:
         env.stop_all()
         os.environ[variable] = SECRET
-    assert sorted(a.get("reason") for a in audit) == ["bad-signature"] * 4
+    assert [a.get("reason") for a in audit] == ["bad-signature"] * 4
 
     listed = _cli(env, "list", "--reason", "bad-signature")
     assert listed.returncode == 0, listed.stderr

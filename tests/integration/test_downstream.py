@@ -185,7 +185,7 @@ def test_apply_once_applies_each_effect_key_once(postgres_db: str, unique: Calla
         thread.join(timeout=10)
         assert outcome == [False]
 
-        counts = dict(conn.execute("SELECT effect_key, n FROM effects").fetchall())
+        counts: dict[str, int] = dict(conn.execute("SELECT effect_key, n FROM effects").fetchall())
         applied = {r[0] for r in conn.execute("SELECT effect_key FROM orders_applied_commands").fetchall()}
     expected = scenario.effect_keys | {failing.effect_key, racing.effect_key}
     assert counts == dict.fromkeys(expected, 1)
@@ -295,7 +295,7 @@ async def test_command_stream_resumes_after_the_last_done_command(
         rest: list[Command] = []
         await consume(stream(), conn, rest, store_offset=in_db)
         cursor = await conn.execute("SELECT effect_key, n FROM effects")
-        effects = dict(await cursor.fetchall())
+        effects: dict[str, int] = dict(await cursor.fetchall())
     assert [c.key for c in seen + rest] == [
         c.key for c in scenario.committed
     ]  # none lost, the aborted unseen

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def _entry(i: int, duplicates: int = 0) -> Entry:
 async def _produce(
     bootstrap: str,
     topic: str,
-    transactions: list[list[tuple[bytes, bytes | None]]],
+    transactions: Sequence[Sequence[tuple[bytes, bytes | None]]],
     *,
     abort: frozenset[int] = frozenset(),
 ) -> None:

@@ -29,8 +29,8 @@ def _workload(unique_count: int, duplicate_ratio: float, seed: int) -> tuple[lis
         waves[min(index // per_wave, 9)].append(event_id)
     for _ in range(total - unique_count):
         index = rng.randrange(unique_count)
-        wave = min(min(index // per_wave, 9) + rng.randint(0, 3), 9)
-        waves[wave].append(ids[index])
+        later = min(min(index // per_wave, 9) + rng.randint(0, 3), 9)
+        waves[later].append(ids[index])
     for wave in waves:
         rng.shuffle(wave)
     return ids, waves

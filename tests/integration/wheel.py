@@ -204,7 +204,12 @@ def wait_for_match(
 ) -> re.Match[str]:
     """Read ``stream`` of ``process`` (in a thread) until what it printed matches ``pattern``; the match."""
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
     seen, deadline = "", time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(queue.Empty):

@@ -19,7 +19,7 @@ from pipeline.config import (
 from pipeline.errors import ConfigError
 from pipeline.ingress.server import IngressSettings
 
-REQUIRED = {"bootstrap": "kafka:9092", "topology": Path("t.toml"), "state_dir": Path("state")}
+REQUIRED: dict[str, Any] = {"bootstrap": "kafka:9092", "topology": Path("t.toml"), "state_dir": Path("state")}
 
 
 def _settings(**changes: Any) -> WorkerSettings:

@@ -124,7 +124,8 @@ def test_a_source_of_256_bytes_is_accepted() -> None:
 
 def test_an_empty_or_missing_source_is_none() -> None:
     """No ``source`` header, an empty one or one without a value all read as no source, no problem."""
-    for headers in ([], [("source", b"")], [("source", None)]):
+    cases: list[list[tuple[str, bytes | None]]] = [[], [("source", b"")], [("source", None)]]
+    for headers in cases:
         delivery = _delivery(headers)
         assert (delivery.source, delivery.problem) == (None, None)
 

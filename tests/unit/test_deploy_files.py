@@ -173,6 +173,7 @@ def _metric_labels() -> dict[str, frozenset[str]]:
         if not isinstance(metric, MetricWrapperBase):
             continue
         labels = frozenset(metric._labelnames)
+        assert metric._type is not None  # each metric class names its type
         for suffix in suffixes[metric._type]:
             extra = {"le"} if suffix == "_bucket" else set()
             names[metric._name + suffix] = labels | extra

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline import topology
+from pipeline.kafka.admin import topic_specs
 from pipeline.ops import rescale
 from tests.integration.harness import write_topology
 
@@ -40,7 +41,7 @@ async def test_raising_partitions_returns_only_once_the_broker_serves_them(
 ) -> None:
     """A partition just added is waited for until the broker's metadata shows it, before any entry moves there."""
     topo = topology.load(write_topology(tmp_path / "t.toml", "rescale-unit", partitions=4))
-    names = [spec.name for spec in rescale.topic_specs(topo, 8)]
+    names = [spec.name for spec in topic_specs(topo, 8)]
     broker = SlowBroker(dict.fromkeys(names, 4), lag=3)
 
     @asynccontextmanager

@@ -8,12 +8,12 @@ import orjson
 import pytest
 
 from pipeline.state import decision
-from pipeline.state.decision import Entry, Outcome, decide
+from pipeline.state.decision import Decision, Entry, Outcome, decide
 
 TTL = 1_000
 
 
-def _decide(existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0):
+def _decide(existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0) -> Decision:
     return decide(
         existing,
         timestamp=ts,

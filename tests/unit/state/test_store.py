@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def _entry(first_seen: int, ttl: int = HOUR) -> Entry:
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened = PartitionStore.open(tmp_path / "p0", bucket_ms=HOUR)
     yield opened
     opened.close()
