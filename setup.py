@@ -17,7 +17,7 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 NATIVE = runpy.run_path(str(HERE / "pipeline" / "native.py"))
 # The build environment has none of the runtime dependencies: their types are Any here.
-# Strictness is checked by `mypy pipeline` (scripts/test), not by the compile.
+# Strictness is checked by `mypy` (scripts/test), not by the compile.
 MYPY_FLAGS = ["--ignore-missing-imports", "--no-warn-return-any", "--no-warn-unused-ignores"]
 
 
