@@ -19,16 +19,16 @@ _EXPORTS = {
     "IngressSettings": ("pipeline.ingress.server", "IngressSettings"),
     "PipelineError": ("pipeline.errors", "PipelineError"),
     "Worker": ("pipeline.worker.loop", "Worker"),
-    "WorkerSettings": ("pipeline.config", "WorkerSettings"),
+    "WorkerSettings": ("pipeline.worker.settings", "WorkerSettings"),
     "load_topology": ("pipeline.topology", "load"),
 }
 
 if TYPE_CHECKING:
-    from pipeline.config import WorkerSettings
     from pipeline.errors import PipelineError
     from pipeline.ingress.server import Ingress, IngressSettings
     from pipeline.topology import load as load_topology
     from pipeline.worker.loop import Worker
+    from pipeline.worker.settings import WorkerSettings
 
 __all__ = [
     "Ingress",

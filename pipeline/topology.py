@@ -38,12 +38,15 @@ if TYPE_CHECKING:
 #: covered (and a store bucket is at least an hour wide); above a year is a typo.
 MIN_TTL = timedelta(hours=1)
 MAX_TTL = timedelta(days=365)
+#: The topology every command reads unless told otherwise (the packaged one when no such file is here).
+DEFAULT_TOPOLOGY = Path("topologies/default.toml")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _E = TypeVar("_E", bound=StrEnum)
 
 __all__ = [
     "CHANGELOG_MARGIN",
+    "DEFAULT_TOPOLOGY",
     "DEFAULT_TTL",
     "MAX_TTL",
     "MIN_TTL",

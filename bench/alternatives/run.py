@@ -75,8 +75,8 @@ from aiokafka.errors import KafkaError  # noqa: E402
 from bench.lib import broker, phases, report, topology_file, workload  # noqa: E402
 from bench.lib import procs as processes  # noqa: E402
 from pipeline import topology  # noqa: E402
-from pipeline.config import WORKER_DEFAULTS  # noqa: E402
 from pipeline.kafka.admin import TopicSpec, topic_specs  # noqa: E402
+from pipeline.worker.settings import WORKER_DEFAULTS  # noqa: E402
 
 ROOT = HERE.parents[1]
 say = report.say

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cli.settings import add_ingress_settings, env_default, ingress_settings, worker_settings
-from pipeline.config import (
-    DEFAULT_TOPOLOGY,
-)
 from pipeline.errors import PipelineError
 from pipeline.service import Service
+from pipeline.topology import DEFAULT_TOPOLOGY
 
 # The cyclic GC's first generation runs every 700 allocations by default. A
 # worker batch keeps thousands of parsed event trees alive until its commit,

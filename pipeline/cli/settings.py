@@ -10,14 +10,10 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_TOPOLOGY,
-    INGRESS_OPTIONS,
-    WORKER_OPTIONS,
-    Option,
-    WorkerSettings,
-)
+from pipeline.cli.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
+from pipeline.kafka.settings import DEFAULT_BOOTSTRAP
+from pipeline.topology import DEFAULT_TOPOLOGY
+from pipeline.worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from pipeline.ingress.server import IngressSettings

@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import (
-    DEFAULT_TOPOLOGY,
-    WORKER_DEFAULTS,
-)
 from pipeline.errors import PipelineError
+from pipeline.topology import DEFAULT_TOPOLOGY
+from pipeline.worker.settings import WORKER_DEFAULTS
 
 if TYPE_CHECKING:
     from pipeline.ops.dlq_records import DlqFilter

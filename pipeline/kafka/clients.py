@@ -7,10 +7,10 @@ import asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka import internals
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from pipeline.worker.settings import WorkerSettings
 
 #: How long aiokafka waits before it asks again to add a partition to a transaction while the
 #: previous transaction's markers are still being written (CONCURRENT_TRANSACTIONS). Its own

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"  # the broker ``pipeline up`` starts, and every command's default
+
 # Largest record any pipeline topic takes. A command embeds the webhook body and a DLQ record
 # carries it twice (text and base64), so a 1 MiB body (the ingress limit) needs well over the
 # broker's 1 MiB default.

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import topology
-from pipeline.config import DEFAULT_TOPOLOGY, WORKER_DEFAULTS, WORKER_OPTIONS
+from pipeline.cli.options import WORKER_OPTIONS
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.resources import packaged_topologies, topology_reference
-from pipeline.topology import Topology
+from pipeline.topology import DEFAULT_TOPOLOGY, Topology
+from pipeline.worker.settings import WORKER_DEFAULTS
 
 DEFAULT_APP = "webhooks"
 ENV_TEMPLATE = Path(".env.example")

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline import topology
-from pipeline.config import DEFAULT_TOPOLOGY, WorkerSettings
 from pipeline.console.server import Console
 from pipeline.console.settings import TOKENS_ENV, ConsoleSettings, parse_tokens
 from pipeline.credentials import source_secrets
@@ -37,8 +36,9 @@ from pipeline.ops.ports import free_port, refuse_busy_ports
 from pipeline.ops.sign import DEFAULT_URL, curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
-from pipeline.topology import Topology, Verify
+from pipeline.topology import DEFAULT_TOPOLOGY, Topology, Verify
 from pipeline.worker.loop import Worker
+from pipeline.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

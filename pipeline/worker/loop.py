@@ -35,7 +35,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline import native
-from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, PipelineError
 from pipeline.kafka import internals
 from pipeline.kafka.admin import topic_layout
@@ -55,6 +54,7 @@ from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store
 from pipeline.worker.pacing import caught_up, poll_ms
 from pipeline.worker.partition import Partition, PartitionContext
+from pipeline.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.config import WorkerSettings
 from pipeline.errors import (
     PartitionUnservedError,
     PipelineError,
@@ -60,6 +59,7 @@ from pipeline.worker.lifecycle import Lifecycle, PartitionState
 from pipeline.worker.metrics import Tally, WorkerMetrics
 from pipeline.worker.opening import OPEN_ERRORS, retry
 from pipeline.worker.poison import RECORD_ERRORS, PoisonTracker
+from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.stage import HandlerFailedError, Stage
 
 log = logging.getLogger(__name__)

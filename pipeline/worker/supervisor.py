@@ -38,9 +38,10 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pipeline.config import WORKER_OPTIONS, WorkerSettings
+from pipeline.cli.options import WORKER_OPTIONS
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
+from pipeline.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from aiokafka import TopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
-from pipeline.config import WorkerSettings
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.admin import topic_specs
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.loop import Worker
+from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
 from tests.simulation import oracle, wire

@@ -15,10 +15,10 @@ import pytest
 
 from pipeline import downstream, resources, topology
 from pipeline.cli import main
-from pipeline.config import DEFAULT_TOPOLOGY
 from pipeline.errors import ConfigError, MissingExtraError, TopologyError
 from pipeline.ops.init import init
 from pipeline.ops.local_broker import LocalBroker
+from pipeline.topology import DEFAULT_TOPOLOGY
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from pipeline.cli import build_parser, ingress_settings, main, settings_defaults, shown, worker_settings
-from pipeline.config import INGRESS_OPTIONS, WORKER_DEFAULTS, WORKER_OPTIONS, Option, WorkerSettings
+from pipeline.cli.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.errors import ConfigError
 from pipeline.ingress.server import IngressSettings
+from pipeline.worker.settings import WORKER_DEFAULTS, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = {

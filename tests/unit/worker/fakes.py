@@ -32,7 +32,6 @@ from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
 from pipeline import topology as topology_module
-from pipeline.config import WorkerSettings
 from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
@@ -42,6 +41,7 @@ from pipeline.worker.classify import Classifier
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.partition import Partition, PartitionContext
+from pipeline.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGY_PATH = ROOT / "topologies" / "default.toml"

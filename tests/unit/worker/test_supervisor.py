@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from pipeline.cli import build_parser, main, parse_processes, worker_settings
-from pipeline.config import WorkerSettings
 from pipeline.errors import ConfigError
 from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
+from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.supervisor import (
     ChildSpec,
     RestartPolicy,
