@@ -90,12 +90,12 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
                 "kafka/transactional.py",
                 (
                     "        except ProducerFenced as exc:\n            raise self._fence(exc) from exc\n"
-                    "        except (AssertionError, IllegalOperation, KafkaError) as exc:\n"
+                    "        except (*internals.DEAD_PRODUCER_ERRORS, KafkaError) as exc:\n"
                     "            raise self._dead(exc) from exc"
                 ),
                 (
                     "        except ProducerFenced:\n            return\n"
-                    "        except (AssertionError, IllegalOperation, KafkaError) as exc:\n"
+                    "        except (*internals.DEAD_PRODUCER_ERRORS, KafkaError) as exc:\n"
                     "            raise self._dead(exc) from exc"
                 ),
             ),

@@ -6,9 +6,11 @@ docs/reliability.md has the table; tests/simulation/defects.py the patches.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.simulation.defects import run_with_defect
+from tests.simulation.defects import DEFECTS, make_copy, run_with_defect
 
 CASES = [
     (1, 0, "livelock"),  # refused outputs: abort, isolate, DLQ, refused again, forever
@@ -27,3 +29,9 @@ def test_the_defect_put_back_fails_its_seed(defect: int, seed: int, problem: str
     result = run_with_defect(defect, ["--seed", str(seed)], timeout=300)
     assert result.returncode == 1, result.stdout[:3000] + result.stderr[-2000:]
     assert problem in result.stdout, result.stdout[:3000]
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_each_patch_still_finds_the_fix_it_undoes(defect: int, tmp_path: Path) -> None:
+    """Every defect patch applies to pipeline/ as it is: a reworded fix fails here in a second, not after a run."""
+    make_copy(defect, tmp_path)
