@@ -8,7 +8,7 @@ duplicates) as aiokafka ``ConsumerRecord`` objects through the real
 ``EventStage`` and ``PartitionTransaction`` of one partition, into
 aiokafka's real ``BatchBuilder`` (the records are encoded exactly as they
 would be sent) and a real RocksDB store in a temporary directory. Only the
-network is missing: the producer is a stand-in whose ``send_batch`` resolves at
+network is missing: aiokafka's producer is a stand-in (under the real ``TransactionalProducer``) whose ``send_batch`` resolves at
 once. This is the part of the worker's CPU that is ours (the rest is aiokafka's
 fetch and send), measured in seconds per run instead of minutes, so a change to
 the hot path can be judged before the full benchmark. Not a test: it asserts
@@ -37,6 +37,7 @@ from bench.lib.topology_file import write_topology
 from bench.lib.workload import make_stream, source_headers
 from pipeline.cli import tune_gc
 from pipeline.kafka import KeyPartitioner
+from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.transaction import PartitionTransaction
 from pipeline.topology import load
@@ -54,14 +55,11 @@ class _Sent:
 
 
 class StandInProducer:
-    """aiokafka's batch builder and transaction calls, with sends that succeed at once."""
+    """aiokafka's transaction calls, with sends that succeed at once (under the real ``TransactionalProducer``)."""
 
     def __init__(self) -> None:
         self.records = 0
         self.offsets: dict[tuple[str, int], int] = {}
-
-    def create_batch(self) -> BatchBuilder:
-        return BatchBuilder(512 * 1024, 0, is_transactional=True, key_serializer=None, value_serializer=None)
 
     async def begin_transaction(self) -> None:
         return None
@@ -117,7 +115,11 @@ async def run(records: list[ConsumerRecord[bytes, bytes]], topology_path: Path, 
     store = PartitionStore.open(state, bucket_ms=bucket_width(7 * 86_400_000))
     producer = StandInProducer()
     checkpoint = PartitionTransaction(
-        tp=tp, group="hotpath", producer=producer, store=store, changelog=TopicPartition(topics.changelog, 0)
+        tp=tp,
+        group="hotpath",
+        producer=TransactionalProducer(producer, "hotpath"),  # type: ignore[arg-type]
+        store=store,
+        changelog=TopicPartition(topics.changelog, 0),
     )
     processor = EventStage(tp=tp, topology=topology, classifier=classifier, txn=checkpoint, outputs=outputs)
     started = time.process_time()
