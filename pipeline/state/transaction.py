@@ -66,17 +66,12 @@ def _wall() -> float:
 class TransactionFailedError(PipelineError):
     """A transaction could not be committed; it was aborted and the batch must be redone.
 
-    ``refused``: the broker's error when the broker refused it (the partition bisects on
-    the ones a record causes). Carried explicitly: compiled (mypyc), a coroutine that
-    raises ``from`` an error after an ``await`` loses ``__cause__``.
+    Its ``__cause__`` is the broker's error when the broker refused it (the partition
+    bisects on the ones a record causes).
     """
 
     retriable = True
     reason = "transaction-failed"
-
-    def __init__(self, message: str, *, refused: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class PartitionTransaction:
@@ -284,7 +279,7 @@ class PartitionTransaction:
             await self.producer.commit()
         except KafkaError as exc:
             await self.abort()
-            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}", refused=exc) from exc
+            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
         except BaseException:
             self._reset()
             raise
