@@ -46,7 +46,7 @@ from pipeline.dead_letter import RECORD_OVERHEAD, record_size
 from pipeline.errors import PipelineError, RecordTooLargeError
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.kafka.transactional import TransactionalProducer
-from pipeline.state.decision import Entry, tuple_of
+from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,7 @@ class PartitionTransaction:
         """
         earlier = self._staged.get(key)
         value = entry.encode()
-        change: Change = tuple_of(Change, (entry, earlier.previous if earlier else previous, value))
-        self._staged[key] = change
+        self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
         changelog = self.changelog
         self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=timestamp)
 
