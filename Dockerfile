@@ -4,16 +4,6 @@
 #   docker build -t webhook-pipeline .
 #   docker run --rm webhook-pipeline pipeline --help
 
-# The wheel is built where a C compiler is: its hot modules are compiled with mypyc
-# (pipeline/native.py). The image itself stays slim, without the compiler.
-FROM python:3.11 AS build
-WORKDIR /src
-# Only what the package needs (the build context also holds .venv, .kafka, .state; the
-# checkout's own compiled modules are left out by .dockerignore, so the wheel compiles its own).
-COPY pyproject.toml setup.py README.md ./
-COPY pipeline ./pipeline
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
-
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -23,10 +13,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-COPY --from=build /wheels /wheels
+# Only what the package needs (the build context also holds .venv, .kafka, .state).
+COPY pyproject.toml README.md /tmp/src/
+COPY pipeline /tmp/src/pipeline
 COPY pipeline/topologies ./topologies
-RUN pip install /wheels/*.whl \
-    && rm -rf /wheels \
+RUN pip install /tmp/src \
+    && rm -rf /tmp/src \
     && groupadd --system --gid 10001 pipeline \
     && useradd --system --uid 10001 --gid pipeline --home-dir /app --no-create-home pipeline \
     && mkdir -p /var/lib/pipeline/state \

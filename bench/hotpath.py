@@ -8,7 +8,7 @@ duplicates) as aiokafka ``ConsumerRecord`` objects through the real
 ``EventStage`` and ``PartitionTransaction`` of one partition, into
 aiokafka's real ``BatchBuilder`` (the records are encoded exactly as they
 would be sent) and a real RocksDB store in a temporary directory. Only the
-network is missing: the producer is a stand-in whose ``send_batch`` resolves at
+network is missing: aiokafka's producer is a stand-in (under the real ``TransactionalProducer``) whose ``send_batch`` resolves at
 once. This is the part of the worker's CPU that is ours (the rest is aiokafka's
 fetch and send), measured in seconds per run instead of minutes, so a change to
 the hot path can be judged before the full benchmark. Not a test: it asserts
@@ -55,8 +55,7 @@ class _Sent:
 
 
 class StandInProducer:
-    """aiokafka's producer's transaction calls, with sends that succeed at once (wrapped in the
-    worker's TransactionalProducer, as the real one is)."""
+    """aiokafka's transaction calls, with sends that succeed at once (under the real ``TransactionalProducer``)."""
 
     def __init__(self) -> None:
         self.records = 0

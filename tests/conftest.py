@@ -21,12 +21,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.native_source import load_sources_if_asked, pure_python_asked
-
-load_sources_if_asked()  # before any hot module is imported, by this file or a test
-
-from pipeline.kafka.admin import TopicSpec, ensure_topics  # noqa: E402
-from pipeline.native import describe, stale  # noqa: E402
+from pipeline.kafka.admin import TopicSpec, ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SH = ROOT / "deploy" / "kafka" / "kafka.sh"
@@ -142,22 +137,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     terminalreporter.section("last lines of the broker log")
     for line in lines:
         terminalreporter.write_line(line)
-
-
-def pytest_report_header() -> str:
-    """Say which build of the hot modules this run tests."""
-    return "hot modules in pure Python (PIPELINE_PURE_PYTHON=1)" if pure_python_asked() else describe()
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse to test compiled modules older than their sources: the edit would not be what runs."""
-    old = [] if pure_python_asked() else stale()
-    if old:
-        pytest.exit(
-            f"compiled modules older than their sources: {', '.join(old)}; rebuild them with "
-            "scripts/bootstrap (or test the sources with PIPELINE_PURE_PYTHON=1)",
-            returncode=2,
-        )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -13,7 +13,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 import xxhash
@@ -27,12 +27,6 @@ class Outcome(StrEnum):
     INVALID = "invalid"  # unusable: sent to the DLQ with the reason
     REROUTED = "rerouted"  # on the wrong partition: moved to the owning one
     CONFLICT = "conflict"  # a copy within the TTL whose body differs from the first copy's: not processed
-
-
-#: Builds a NamedTuple from every one of its fields, in order, without its generated ``__new__``:
-#: that is a Python function, an interpreted call for every tuple the worker builds per record
-#: (``docs/benchmarks.md``, Worker, "NamedTuples built without their ``__new__``"). Pass all fields.
-tuple_of: Final[Callable[..., Any]] = tuple.__new__
 
 
 class Entry(NamedTuple):
@@ -71,22 +65,20 @@ class Entry(NamedTuple):
         """Read what :meth:`encode` wrote; raises ``ValueError`` on anything else."""
         try:
             raw = orjson.loads(data)
-            fields = (
-                int(raw["f"]),  # first_seen
-                int(raw["x"]),  # expires_at
-                int(raw["p"]),  # partition
-                int(raw["o"]),  # offset
-                int(raw.get("d", 0)),  # duplicates
-                int(raw.get("l", 0)),  # last_seen
-                raw.get("c"),  # command
-                raw.get("t"),  # topic
-                raw.get("h"),  # body_hash
-                int(raw.get("k", 0)),  # conflicts
+            return cls(
+                first_seen=int(raw["f"]),
+                expires_at=int(raw["x"]),
+                partition=int(raw["p"]),
+                offset=int(raw["o"]),
+                duplicates=int(raw.get("d", 0)),
+                last_seen=int(raw.get("l", 0)),
+                command=raw.get("c"),
+                topic=raw.get("t"),
+                body_hash=raw.get("h"),
+                conflicts=int(raw.get("k", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"not a seen-set entry: {exc}") from exc
-        entry: Entry = tuple_of(cls, fields)
-        return entry
 
     def alive_at(self, timestamp: int) -> bool:
         """Whether the key is still remembered at ``timestamp``."""
@@ -124,45 +116,35 @@ def decide(
       different bodies under one key usually mean a bad key.
     """
     if existing is None or not existing.alive_at(timestamp):
-        entry: Entry = tuple_of(
-            Entry,
-            (
-                timestamp,  # first_seen
-                timestamp + ttl_ms,  # expires_at
-                partition,
-                offset,
-                0,  # duplicates
-                timestamp,  # last_seen
-                command,
-                topic,
-                body_hash,
-                0,  # conflicts
-            ),
+        entry = Entry(
+            first_seen=timestamp,
+            expires_at=timestamp + ttl_ms,
+            partition=partition,
+            offset=offset,
+            last_seen=timestamp,
+            command=command,
+            topic=topic,
+            body_hash=body_hash,
         )
-        first: Decision = tuple_of(Decision, (Outcome.FIRST, entry, existing))
-        return first
+        return Decision(Outcome.FIRST, entry, existing)
     expires_at = existing.expires_at
     if sliding and timestamp + ttl_ms > expires_at:
         expires_at = timestamp + ttl_ms
     conflict = body_hash is not None and existing.body_hash is not None and body_hash != existing.body_hash
-    entry = tuple_of(  # built field by field: _replace costs more than the decision itself
-        Entry,
-        (
-            existing.first_seen,
-            expires_at,
-            existing.partition,
-            existing.offset,
-            existing.duplicates + 1,
-            max(existing.last_seen, timestamp),  # last_seen
-            existing.command,
-            existing.topic,
-            existing.body_hash,
-            existing.conflicts + 1 if conflict else existing.conflicts,
-        ),
+    entry = Entry(  # built field by field: _replace costs more than the decision itself
+        first_seen=existing.first_seen,
+        expires_at=expires_at,
+        partition=existing.partition,
+        offset=existing.offset,
+        duplicates=existing.duplicates + 1,
+        last_seen=max(existing.last_seen, timestamp),
+        command=existing.command,
+        topic=existing.topic,
+        body_hash=existing.body_hash,
+        conflicts=existing.conflicts + 1 if conflict else existing.conflicts,
     )
     outcome = Outcome.CONFLICT if conflict else Outcome.DUPLICATE
-    later: Decision = tuple_of(Decision, (outcome, entry, existing))
-    return later
+    return Decision(outcome, entry, existing)
 
 
 #: A fingerprint of the body's bytes (xxh3) starts with this.

@@ -46,7 +46,7 @@ from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.kafka.record_size import RECORD_OVERHEAD, record_size
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.kafka.transactional import TransactionalProducer
-from pipeline.state.decision import Entry, tuple_of
+from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,12 @@ def _wall() -> float:
 class TransactionFailedError(PipelineError):
     """A transaction could not be committed; it was aborted and the batch must be redone.
 
-    ``refused``: the broker's error when the broker refused it (the partition bisects on
-    the ones a record causes). Carried explicitly: compiled (mypyc), a coroutine that
-    raises ``from`` an error after an ``await`` loses ``__cause__``.
+    Its ``__cause__`` is the broker's error when the broker refused it (the partition
+    bisects on the ones a record causes).
     """
 
     retriable = True
     reason = "transaction-failed"
-
-    def __init__(self, message: str, *, refused: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class PartitionTransaction:
@@ -150,8 +145,7 @@ class PartitionTransaction:
         """
         earlier = self._staged.get(key)
         value = entry.encode()
-        change: Change = tuple_of(Change, (entry, earlier.previous if earlier else previous, value))
-        self._staged[key] = change
+        self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
         changelog = self.changelog
         self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=timestamp)
 
@@ -284,7 +278,7 @@ class PartitionTransaction:
             await self.producer.commit()
         except KafkaError as exc:
             await self.abort()
-            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}", refused=exc) from exc
+            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
         except BaseException:
             self._reset()
             raise

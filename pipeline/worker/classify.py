@@ -28,7 +28,6 @@ from pipeline.credentials import source_secrets
 from pipeline.errors import InvalidRecordError, KeyMismatchError, MissingKeyError, UnknownSourceError
 from pipeline.headers import IDEMPOTENCY_KEY_HEADER
 from pipeline.providers.base import Provider
-from pipeline.state.decision import tuple_of
 from pipeline.topology import Source, Topology, Verify
 
 Partitioner = Callable[[bytes, int], int]
@@ -119,10 +118,7 @@ class Classifier:
         if owner != delivery.partition:
             return Reroute(key=key, partition=owner, source=source_name)
         providers.check_body(delivery.value, source.provider)
-        accepted: Accepted = tuple_of(
-            Accepted, (key, key_bytes, source, provider.event_type(http, delivery.value), delivery.value)
-        )
-        return accepted
+        return Accepted(key, key_bytes, source, provider.event_type(http, delivery.value), delivery.value)
 
     @staticmethod
     def _verified_key(

@@ -34,7 +34,6 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline import native
 from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, PipelineError
 from pipeline.kafka import internals
 from pipeline.kafka.admin import topic_layout
@@ -152,19 +151,11 @@ class Worker:
         if self.settings.metrics_port is not None:
             await self._serve_http(self.settings.metrics_port, layout.counts)
         log.info(
-            "worker started: group %s, input %s (%s partitions); %s",
+            "worker started: group %s, input %s (%s partitions)",
             self.settings.group,
             self.topology.topics.input,
             layout.counts[self.topology.topics.input],
-            native.describe(),
         )
-        outdated = native.stale()
-        if outdated:
-            log.warning(
-                "compiled modules older than their sources (edited since the build, which still runs): "
-                "%s; compile them again with scripts/bootstrap",
-                ", ".join(outdated),
-            )
 
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
         app = worker_http.build_app(

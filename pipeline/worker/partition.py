@@ -422,7 +422,7 @@ class Partition:
 
     def _commit_failed(self, exc: TransactionFailedError, start: int | None, count: int) -> None:
         """Rewind after a failed commit; bisect when a non-retriable failure repeats from one offset."""
-        cause = exc.refused or exc
+        cause = exc.__cause__ or exc
         verdict = None
         if start is not None and isinstance(cause, RECORD_ERRORS):
             verdict = self.poison.commit_failed(start, count, cause)

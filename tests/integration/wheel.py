@@ -77,7 +77,7 @@ def dependency_closure(requires: list[str]) -> set[str]:
 def refused_modules(allowed: set[str]) -> list[str]:
     """Top-level modules installed here whose distributions are all outside ``allowed``.
 
-    The project's own (``pipeline`` and its compiled modules' shared library) come from the wheel.
+    The project's own (``pipeline``) comes from the wheel.
     """
     refused = []
     for module, dists in importlib.metadata.packages_distributions().items():
@@ -115,9 +115,8 @@ def run(
 def build_wheel(work: Path) -> Path:
     source = work / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
-    # the sources only: the wheel compiles its own hot modules (not the checkout's editable build)
     shutil.copytree(
         ROOT / "pipeline", source / "pipeline", ignore=shutil.ignore_patterns("__pycache__", "*.so")
     )

@@ -182,7 +182,7 @@ def run_with_defect(
     with tempfile.TemporaryDirectory(prefix=f"defect-{defect}-") as tmp:
         copy = make_copy(defect, Path(tmp))
         code = _CHILD.format(copy=str(copy), root=str(ROOT), args=[*args, "--jobs", "1"])
-        env = dict(os.environ, PYTHONHASHSEED="0", PIPELINE_PURE_PYTHON="1")
+        env = dict(os.environ, PYTHONHASHSEED="0")
         return subprocess.run(
             [sys.executable, "-c", code],
             cwd=ROOT,

@@ -39,9 +39,6 @@ def _quiet() -> None:
 
 
 def _init() -> None:
-    from tests.native_source import load_sources_if_asked  # noqa: PLC0415
-
-    load_sources_if_asked()
     _quiet()
 
 
@@ -139,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _ensure_hash_seed()
     if args.seed is not None:
-        from tests.native_source import load_sources_if_asked  # noqa: PLC0415
-
-        load_sources_if_asked()
         _quiet()
         from tests.simulation.world import run_seed  # noqa: PLC0415
 

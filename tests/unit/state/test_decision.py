@@ -75,7 +75,7 @@ def test_entries_round_trip_through_their_encoding() -> None:
 
 
 def test_decisions_hold_every_field_by_name() -> None:
-    """Each field of a decision and its entries is where its name says (they are built positionally)."""
+    """Each field of a decision and its entries is where its name says."""
     first = decide(
         None,
         timestamp=100,

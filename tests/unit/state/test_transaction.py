@@ -128,7 +128,7 @@ async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: Part
     _stage_one(ckpt)
     with pytest.raises(TransactionFailedError) as failed:
         await ckpt.commit()
-    assert isinstance(failed.value.refused, KafkaTimeoutError)  # the partition reads it to bisect
+    assert isinstance(failed.value.__cause__, KafkaTimeoutError)  # the partition reads it to bisect
     assert producer.calls[-1] == "abort"
     assert store.get_many([b"k"]) == {}
     assert ckpt.lookup([b"k"]) == {}

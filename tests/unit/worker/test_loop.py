@@ -8,7 +8,6 @@ open for real (RocksDB in tmp_path) over fake transactional producers.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from pipeline import cli, native
+from pipeline import cli
 from pipeline.errors import PartitionUnservedError
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
@@ -148,20 +147,6 @@ async def test_the_worker_subscribes_to_the_input_topic_at_start(start_worker: S
     assert w.consumer.topics == [INPUT]
     assert w.consumer.listener is not None
     assert w.worker.health()[0]  # nothing assigned, nothing unserved
-
-
-async def test_the_start_line_names_the_build_and_warns_about_compiled_modules_older_than_their_sources(
-    start_worker: Starter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The worker says which build of the hot modules runs, and warns when an edit has not been compiled."""
-    monkeypatch.setattr(native, "stale", lambda: ["pipeline.worker.emitter"])
-    with caplog.at_level(logging.INFO, logger="pipeline.worker.loop"):
-        await start_worker(assign=set())
-    started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker started")]
-    assert len(started) == 1
-    assert started[0].endswith(native.describe())
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("older than their sources" in w and "pipeline.worker.emitter" in w for w in warnings)
 
 
 async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committed_and_resume(

@@ -26,7 +26,6 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord
 
-from pipeline import providers
 from pipeline.errors import PartitionUnservedError, StoreError
 from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.kafka.partitioner import owner_partition
@@ -85,23 +84,20 @@ def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
     return make
 
 
-def _explode_on(monkeypatch: pytest.MonkeyPatch, body: bytes) -> list[bytes]:
-    """Make classifying the record whose body is ``body`` raise, as a bug would; the bodies checked so far.
+def _explode_on(monkeypatch: pytest.MonkeyPatch, h: Harness, offset: int) -> list[int]:
+    """Make classifying the record at ``offset`` raise, as a bug would; the offsets classified so far."""
+    classifier = h.part.context.classifier
+    classify = classifier.classify
+    calls: list[int] = []
 
-    The fault is injected in ``pipeline.providers.check_body``, which the classifier calls
-    through its module: the classifier's own methods cannot be replaced once it is compiled.
-    """
-    check = providers.check_body
-    checked: list[bytes] = []
-
-    def exploding(value: bytes, provider: str) -> None:
-        checked.append(value)
-        if value == body:
+    def exploding(delivery: Any) -> Any:
+        calls.append(delivery.offset)
+        if delivery.offset == offset:
             raise ValueError("a bug in classify")
-        check(value, provider)
+        return classify(delivery)
 
-    monkeypatch.setattr(providers, "check_body", exploding)
-    return checked
+    monkeypatch.setattr(classifier, "classify", exploding)
+    return calls
 
 
 def _claimed(h: Harness, *keys: str) -> set[str]:
@@ -310,7 +306,7 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
     """Handling raises: abort (never commit), seek back to the batch's first offset; the redo DLQs that record (handler-error) and commands the rest."""
     h = await open_partition()
     batch = records(0, 10, K[:3])
-    checked = _explode_on(monkeypatch, batch[1].value)  # offset 11
+    calls = _explode_on(monkeypatch, h, 11)
 
     h.part.feed(batch)
     await h.part.work()
@@ -322,10 +318,10 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
     assert h.part.queue == []
     assert _poison(h.part)[11].reason == "handler-error"
 
-    checked.clear()
+    calls.clear()
     await _handle_and_commit(h, batch)  # the consumer, moved back to 10, fetches the same records
-    assert batch[1].value not in checked  # the poison record is not classified again
-    assert batch[0].value in checked
+    assert 11 not in calls  # the poison record is not classified again
+    assert 10 in calls
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(11, "handler-error")]
     assert "a bug in classify" in dlq[0]["error"]
@@ -639,7 +635,7 @@ async def test_records_of_an_aborted_transaction_are_counted_once_when_redone(
     """Metrics count what was committed: a batch aborted (handler error, then a refused commit) and redone counts once."""
     h = await open_partition()
     batch = records(0, 10, K[:3])
-    _explode_on(monkeypatch, batch[1].value)  # offset 11
+    _explode_on(monkeypatch, h, 11)
     h.part.feed(batch)
     await h.part.work()  # 10 handled, 11 raises: aborted
     h.producer.fail["commit"].append(KafkaTimeoutError())
