@@ -28,7 +28,7 @@ class StoreOpener(Protocol):
     """Opens (or creates) the store at ``path`` (``PartitionStore.open``; the simulation passes its own)."""
 
     def __call__(
-        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None
+        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
     ) -> PartitionStore: ...
 
 
@@ -43,15 +43,33 @@ def topology_bucket_ms(topology: Topology) -> int:
 
 
 def open_store(
-    path: Path, *, bucket_ms: int, identity: StoreIdentity, opener: StoreOpener = PartitionStore.open
+    path: Path,
+    *,
+    bucket_ms: int,
+    identity: StoreIdentity,
+    opener: StoreOpener = PartitionStore.open,
+    follow: bool = False,
 ) -> PartitionStore:
-    """Open the store at ``path``, checking it is ``identity``'s; a corrupt or stale one is rebuilt."""
+    """Open the store at ``path``, checking it is ``identity``'s; a corrupt or stale one is rebuilt.
+
+    ``follow`` opens it to follow its changelog (a restore, a standby): written, never read.
+    """
     try:
-        return opener(path, bucket_ms=bucket_ms, identity=identity)
+        return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
     except StoreCorruptError as exc:
         log.warning("%s; wiping it and restoring from the changelog", exc)
         PartitionStore.wipe(path)  # StoreUnusableError when even that fails
-        return opener(path, bucket_ms=bucket_ms, identity=identity)
+        return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+
+def reopen(
+    store: PartitionStore, *, identity: StoreIdentity, follow: bool, opener: StoreOpener = PartitionStore.open
+) -> PartitionStore:
+    """Close ``store`` and open it again, to follow its changelog or to be served (``follow``); the
+    identity is checked again. A failure leaves ``store`` closed and raises :class:`StoreError`."""
+    path, bucket_ms = store.path, store.bucket_ms
+    store.close()
+    return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
 
 
 def rebuild(
@@ -59,7 +77,7 @@ def rebuild(
 ) -> PartitionStore:
     """Close ``store``, wipe it and open it empty (to restore from the changelog's start); ``why`` names the store."""
     log.warning("%s; wiping it and restoring from the changelog", why)
-    path, bucket_ms = store.path, store.bucket_ms
+    path, bucket_ms, follow = store.path, store.bucket_ms, store.follow
     store.close()
     PartitionStore.wipe(path)
-    return opener(path, bucket_ms=bucket_ms, identity=identity)
+    return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)

@@ -200,15 +200,8 @@ class Partition:
         self.progress_at = time.monotonic()
 
     async def _open_store_and_producer(self) -> None:
-        context = self.context
         if self.store is None:
-            path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
-            self.store = directory.open_store(
-                path,
-                bucket_ms=directory.topology_bucket_ms(self.topology),
-                identity=self.identity,
-                opener=context.open_store,
-            )
+            self.store = self._open_store(follow=True)  # restored first: written, not read, until READY
         if self.producer is None:
             producer = self._new_producer()
             try:
@@ -218,10 +211,23 @@ class Partition:
                 raise
             self.producer = producer
 
+    def _open_store(self, *, follow: bool) -> PartitionStore:
+        path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
+        return directory.open_store(
+            path,
+            bucket_ms=directory.topology_bucket_ms(self.topology),
+            identity=self.identity,
+            opener=self.context.open_store,
+            follow=follow,
+        )
+
     async def _restore(self) -> None:
+        """Replay the changelog into the store (opened to follow it), then open the store to be served."""
         store, producer = self.store, self.producer
         if store is None or producer is None:
             raise PipelineError(f"{self.name}: restore before open")
+        if store.closed:  # reopening it to be served failed on an earlier attempt
+            store = self.store = self._open_store(follow=True)
         remaining = self.metrics.restore_remaining.labels(self.tp.topic, str(self.tp.partition))
         options: dict[str, Any] = {
             "bootstrap": self.settings.bootstrap,
@@ -238,6 +244,10 @@ class Partition:
             )
             applied = await restore(store, self.changelog, **options)
         self.metrics.restore_records.inc(applied)
+        if store.follow:
+            store = self.store = directory.reopen(
+                store, identity=self.identity, follow=False, opener=self.context.open_store
+            )
         self.txn = PartitionTransaction(
             tp=self.tp,
             group=self.settings.group,
