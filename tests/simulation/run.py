@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 
 HASH_SEED = "0"
+SEEDS_PER_PROCESS = 50
 
 
 def _ensure_hash_seed() -> None:
@@ -84,26 +85,38 @@ def run_many(seeds: Iterable[int], jobs: int, *, stop_after: int | None = None) 
         )
         return failures
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_init, max_tasks_per_child=50
-    ) as pool:
-        for seed, ok, report, _virtual, _steps in pool.map(_one, seeds, chunksize=4):
-            done += 1
-            if not ok:
-                failures.append((seed, report))
-                first = report.splitlines()
-                print(
-                    f"FAIL seed {seed}: {first[first.index('problems:') + 1].strip() if 'problems:' in first else ''}",
-                    flush=True,
-                )
-                if stop_after is not None and len(failures) >= stop_after:
-                    pool.shutdown(cancel_futures=True)
-                    break
-            if done % 100 == 0:
-                rate = done / (time.monotonic() - started)
-                print(
-                    f"... {done}/{len(seeds)} seeds, {len(failures)} failed, {rate:.2f} seeds/s", flush=True
-                )
+    # Fresh processes every SEEDS_PER_PROCESS seeds each (what a seed leaves behind stays bounded), by a fresh
+    # pool per block: the executor's own max_tasks_per_child deadlocks on Python 3.11 once a worker it
+    # retired is not replaced (CPython gh-115634; a 500-seed run hung after 400 seeds, twice).
+    block = jobs * SEEDS_PER_PROCESS
+    stopped = False
+    for first_seed in range(0, len(seeds), block):
+        if stopped:
+            break
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_init
+        ) as pool:
+            for seed, ok, report, _virtual, _steps in pool.map(
+                _one, seeds[first_seed : first_seed + block], chunksize=4
+            ):
+                done += 1
+                if not ok:
+                    failures.append((seed, report))
+                    first = report.splitlines()
+                    print(
+                        f"FAIL seed {seed}: {first[first.index('problems:') + 1].strip() if 'problems:' in first else ''}",
+                        flush=True,
+                    )
+                    if stop_after is not None and len(failures) >= stop_after:
+                        pool.shutdown(cancel_futures=True)
+                        stopped = True
+                        break
+                if done % 100 == 0:
+                    rate = done / (time.monotonic() - started)
+                    print(
+                        f"... {done}/{len(seeds)} seeds, {len(failures)} failed, {rate:.2f} seeds/s",
+                        flush=True,
+                    )
     elapsed = time.monotonic() - started
     print(
         f"{done} seeds in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.2f} seeds/s on {jobs} processes): {len(failures)} failed"
