@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from pipeline.config import WorkerSettings
@@ -19,8 +21,10 @@ from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 CONCURRENT_TXN_RETRY_S = 0.005
 
 
-def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
-    """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions)."""
+def worker_consumer(settings: WorkerSettings, *, assignor: Any = None) -> AIOKafkaConsumer:
+    """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions);
+    ``assignor`` is its partition assignor (aiokafka's round-robin when None)."""
+    strategy = (assignor,) if assignor is not None else (RoundRobinPartitionAssignor,)
     return AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         group_id=settings.group,
@@ -35,6 +39,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
         group_instance_id=settings.instance_id,
         heartbeat_interval_ms=max(settings.session_timeout_ms // 5, 300),
         client_id=f"pipeline-worker-{settings.group}",
+        partition_assignment_strategy=strategy,
     )
 
 

@@ -11,12 +11,13 @@ is someone else's and is never touched (:class:`~pipeline.errors.StoreIdentityEr
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from pipeline.errors import StoreCorruptError
+from pipeline.errors import StoreCorruptError, StoreError
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import Topology
@@ -81,3 +82,40 @@ def rebuild(
     store.close()
     PartitionStore.wipe(path)
     return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+
+def stored_positions(
+    state_dir: Path,
+    topology: Topology,
+    group: str,
+    identities: Mapping[str, StoreIdentity],
+    *,
+    opener: StoreOpener = PartitionStore.open,
+) -> dict[TopicPartition, int]:
+    """The changelog position of every store of ``topology`` and ``group`` on this disk.
+
+    ``identities`` gives, per consumed topic, the identity its stores carry (the
+    partition is each store's own). Each store is opened to follow (nothing is
+    written) and closed again; one that is locked, corrupt, of another changelog
+    or someone else's claims nothing and is left as it is.
+    """
+    root = Path(state_dir) / topology.app / group
+    positions: dict[TopicPartition, int] = {}
+    if not root.is_dir():
+        return positions
+    bucket_ms = topology_bucket_ms(topology)
+    for child in sorted(root.iterdir()):
+        topic, _, number = child.name.rpartition("-")
+        if topic not in identities or not number.isdigit() or not (child / "CURRENT").is_file():
+            continue
+        identity = identities[topic]._replace(partition=int(number))
+        try:
+            store = opener(child, bucket_ms=bucket_ms, identity=identity, follow=True)
+        except StoreError as exc:
+            log.info("store %s claims nothing: %s", child, exc)
+            continue
+        try:
+            positions[TopicPartition(topic, int(number))] = store.changelog_offset
+        finally:
+            store.close()
+    return positions

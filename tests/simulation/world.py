@@ -87,6 +87,8 @@ class Scenario:
             session_s=session_ms / 1000,
         )
         small_limits = rng.random() < 0.25
+        # drawn apart, so that the draws above stay what they were for every seed
+        settings["standby_replicas"] = Random(seed ^ 0x57A2DB7).choice((0, 1, 1, 2))
         return cls(seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits)
 
     def describe(self) -> str:
