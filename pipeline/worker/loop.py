@@ -175,6 +175,7 @@ class Worker:
             [source for source, _ in self._stages()],
             self.metrics.registry,
             self.health,
+            self._require(self._standbys).describe,
         )
         self._http = await worker_http.serve(app, self.settings.http_host, port)
         log.info("metrics and inspect endpoint on port %s", port)
@@ -198,7 +199,10 @@ class Worker:
         if consumer is None:
             return False, {"status": "stopped"}
         parts = {tp: owned.part for tp, owned in self._owned.items()}
-        return partition_health(consumer.assignment(), parts, failed=self._fatal is not None)
+        standbys = self._standbys.describe() if self._standbys is not None else None
+        return partition_health(
+            consumer.assignment(), parts, failed=self._fatal is not None, standbys=standbys
+        )
 
     async def run(self) -> None:
         """Consume, decide and commit until stopped; commit what is open (abort after a failure)."""
@@ -242,6 +246,7 @@ class Worker:
         self._commit_due()
         await self._reap()
         self._watch()
+        self._require(self._standbys).observe()
         await asyncio.sleep(0)  # a fetch with nothing to wait for returns at once: let the commits run
 
     async def _member(self) -> bool | None:

@@ -64,6 +64,7 @@ class Standby:
         reader: Callable[[], Awaitable[ChangelogReader]],
         budget: RestoreBudget | None = None,
         opener: directory.StoreOpener = PartitionStore.open,
+        on_applied: Callable[[int], None] | None = None,
     ) -> None:
         self.tp = tp
         self.name = f"{tp.topic}-{tp.partition}"
@@ -74,6 +75,7 @@ class Standby:
         self._reader = reader  # the worker's shared changelog reader, started on first use
         self._budget = budget
         self._opener = opener
+        self._on_applied = on_applied  # told how many records each round replayed (a metric)
         self.lifecycle = Lifecycle.standby(self.name)
         self.store: PartitionStore | None = None
         self.position = -1  # the changelog offset the store reflects
@@ -100,6 +102,15 @@ class Standby:
         if self.lag_records == 0:
             return 0.0
         return now - (self.level_at if self.level_at is not None else self.started_at)
+
+    def describe(self, now: float) -> dict[str, object]:
+        """What ``/healthz`` and ``/partitions`` say about this standby."""
+        return {
+            "state": self.state.value,
+            "position": self.position,
+            "lag_records": self.lag_records,
+            "lag_seconds": round(self.lag_seconds(now), 3),
+        }
 
     def start(self) -> None:
         """Begin following the changelog in the background."""
@@ -149,6 +160,8 @@ class Standby:
             return
         self.position = store.changelog_offset
         self.applied += applied
+        if applied and self._on_applied is not None:
+            self._on_applied(applied)
         if self.position + 1 >= self.end:
             self.level_at = time.monotonic()
         if applied == 0:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -35,6 +36,7 @@ from pipeline.worker.standby import Standby
 log = logging.getLogger(__name__)
 
 Positions = Callable[[], Mapping[TopicPartition, int]]  # the served partitions' store positions now
+OBSERVE_EVERY = 1.0  # seconds between two settings of the standby gauges
 
 
 class StandbyReplicas:
@@ -53,6 +55,8 @@ class StandbyReplicas:
         self.assignor = StandbyAssignor(replicas=self.settings.standby_replicas, held=self.claim)
         self._reader: ChangelogReader | None = None
         self._reader_lock = asyncio.Lock()
+        self._observed: set[TopicPartition] = set()  # standbys whose gauges are set
+        self._observed_at = 0.0
 
     def scan(self) -> None:
         """Learn the positions of the stores already on disk (once, at start: each is opened and closed)."""
@@ -126,6 +130,7 @@ class StandbyReplicas:
             reader=self.reader,
             budget=self.context.budget,
             opener=self.context.open_store,
+            on_applied=self.context.metrics.standby_records.inc,
         )
         standby.start()
         return standby
@@ -146,10 +151,31 @@ class StandbyReplicas:
                 self._reader = reader
             return self._reader
 
-    def lags(self) -> dict[TopicPartition, tuple[int | None, float]]:
-        """Each standby's lag: changelog records behind (None before its first round) and seconds since level."""
+    def describe(self) -> dict[str, dict[str, object]]:
+        """Each standby (``<topic>-<partition>``): its state, position and lag, for ``/healthz`` and ``/partitions``."""
         now = time.monotonic()
-        return {tp: (s.lag_records, s.lag_seconds(now)) for tp, s in self.held.items()}
+        return {standby.name: standby.describe(now) for _tp, standby in sorted(self.held.items())}
+
+    def observe(self) -> None:
+        """Set the standby gauges (at most every :data:`OBSERVE_EVERY` seconds): each standby's lag in
+        records and seconds; the gauges of a standby no longer held are removed."""
+        now = time.monotonic()
+        if now - self._observed_at < OBSERVE_EVERY:
+            return
+        self._observed_at = now
+        metrics = self.context.metrics
+        metrics.standby_partitions.set(len(self.held))
+        for tp in self._observed - set(self.held):
+            for gauge in (metrics.standby_lag_records, metrics.standby_lag_seconds):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(tp.topic, str(tp.partition))
+        for tp, standby in self.held.items():
+            labels = (tp.topic, str(tp.partition))
+            lag = standby.lag_records
+            if lag is not None:
+                metrics.standby_lag_records.labels(*labels).set(lag)
+            metrics.standby_lag_seconds.labels(*labels).set(standby.lag_seconds(now))
+        self._observed = set(self.held)
 
     async def close(self) -> None:
         """Close every standby and the shared reader."""
