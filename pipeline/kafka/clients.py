@@ -58,10 +58,18 @@ def transactional_producer(settings: WorkerSettings, transactional_id: str) -> A
     )
 
 
-def restore_consumer(bootstrap: str, *, fetch_bytes: int) -> AIOKafkaConsumer:
-    """A group-less read_committed consumer for replaying changelogs."""
+RESTORE_CLIENT_ID = "pipeline-restore"
+STANDBY_CLIENT_ID = "pipeline-standby"
+
+
+def restore_consumer(
+    bootstrap: str, *, fetch_bytes: int, client_id: str = RESTORE_CLIENT_ID
+) -> AIOKafkaConsumer:
+    """A group-less read_committed consumer for replaying changelogs (``client_id`` names it to the
+    broker: a restore's, or the standbys')."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
+        client_id=client_id,
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",

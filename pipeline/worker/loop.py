@@ -188,6 +188,10 @@ class Worker:
             stages.append((topics.effects, topics.effects_changelog))
         return stages
 
+    def standby_partitions(self) -> set[TopicPartition]:
+        """The partitions this worker keeps a standby replica of now."""
+        return set(self._standbys.held) if self._standbys is not None else set()
+
     def stop(self) -> None:
         """Ask the loop to finish its transactions and exit."""
         self._stopping.set()

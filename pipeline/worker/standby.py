@@ -83,6 +83,7 @@ class Standby:
         self.started_at = time.monotonic()
         self.level_at: float | None = None  # when the store was last level with its changelog
         self.applied = 0  # records replayed since this standby started
+        self.replaying = False  # a round is replaying (closing now stops it between two writes)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -107,6 +108,7 @@ class Standby:
         """What ``/healthz`` and ``/partitions`` say about this standby."""
         return {
             "state": self.state.value,
+            "replaying": self.replaying,
             "position": self.position,
             "lag_records": self.lag_records,
             "lag_seconds": round(self.lag_seconds(now), 3),
@@ -121,6 +123,12 @@ class Standby:
         """Stop following and close the store (its lock released); returns the changelog offset it reflects."""
         task, self._task = self._task, None
         if task is not None:
+            if self.replaying:
+                log.info(
+                    "standby %s: stopped in the middle of a round, at changelog offset %s",
+                    self.name,
+                    self.store.changelog_offset if self.store is not None else self.position,
+                )
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -151,6 +159,7 @@ class Standby:
     async def _round(self) -> None:
         """Replay the changelog to the end it has now; wait when there was nothing to replay."""
         store = self._open()
+        self.replaying = True
         try:
             applied, self.end = await catch_up(
                 store, self.changelog, reader=await self._reader(), budget=self._budget
@@ -158,6 +167,8 @@ class Standby:
         except StoreStaleError as exc:  # ahead of its changelog: a cache of another log
             self._rebuild(str(exc))
             return
+        finally:
+            self.replaying = False
         self.position = store.changelog_offset
         self.applied += applied
         if applied and self._on_applied is not None:

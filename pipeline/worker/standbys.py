@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from aiokafka import TopicPartition
 
 from pipeline.kafka.changelog import ChangelogReader
+from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from pipeline.state import directory
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.assignor import Held, StandbyAssignor
@@ -141,7 +142,9 @@ class StandbyReplicas:
         async with self._reader_lock:
             if self._reader is None:
                 reader = ChangelogReader(
-                    self.settings.bootstrap, fetch_bytes=self.settings.restore_fetch_bytes
+                    self.settings.bootstrap,
+                    fetch_bytes=self.settings.restore_fetch_bytes,
+                    client_id=STANDBY_CLIENT_ID,
                 )
                 try:
                     await reader.start()
