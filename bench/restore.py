@@ -2,6 +2,7 @@
 
     KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 .venv/bin/python bench/restore.py
     .venv/bin/python bench/restore.py --records 1200000 --partitions 6 --bootstrap 127.0.0.1:19092
+    .venv/bin/python bench/restore.py --records 1000000 --partitions 1 --no-old   # one partition (a failover)
     .venv/bin/python bench/restore.py --quick              # 120,000 records, a smoke run
     .venv/bin/python bench/restore.py --profile 25         # cProfile of the concurrent restore
 
@@ -9,19 +10,26 @@ It creates a fresh changelog topic (the topology's configs: compacted and
 deleted), fills it with real encoded entries (``Entry.encode``) through a
 transactional confluent-kafka producer (so the log has commit markers, as the
 worker's does), then restores all partitions into fresh stores in a temporary
-directory:
+directory, ``--repeat`` times each way (default 3, alternating, each into fresh
+stores), because a shared 2-core machine makes single runs noisy:
 
-- ``concurrent``: ``pipeline.state.restore.restore`` for every partition at
-  once with ``asyncio.gather``, as the worker does; timed from the first
-  restore's start to the last one's end; ``--repeat`` times (default 3, each
-  into fresh stores), because a shared 2-core machine makes single runs noisy;
+- ``worker``: as the worker restores: every partition at once with
+  ``asyncio.gather``, under the worker's default restore budget
+  (``--budget-bytes``, 64 MiB, with 32 MiB fetches: two at a time), each store
+  opened to follow its changelog (vector memtables), fetches pipelined, then
+  reopened to be served; timed from the first restore's start to the last
+  reopen's end;
+- ``before``: the same, as it was before issue 26: stores with skip-list
+  memtables, one fetch at a time (``Replay(prefetch=False)``);
 - ``old serial``: the restore as it was before the fast path (decode every
   entry, a ``get_many`` per batch, ``write`` with ``Change``), one partition
   after the other (``--no-old`` leaves it out).
 
 Each store is checked afterwards: every key produced is there with its newest
-entry. The table gives records, seconds, records/s and the ratio against the
-old path. The topic is deleted at the end.
+entry. The table gives records, seconds, records/s, the event loop's own CPU
+time (``time.thread_time``: what the restore costs this process's one thread,
+RocksDB's background flushes left out) and the ratio against ``before``. The
+topic is deleted at the end.
 """
 
 from __future__ import annotations
@@ -47,10 +55,14 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lib.broker import produce_when_room
 from pipeline.cli import tune_gc
 from pipeline.kafka.admin import TopicSpec, ensure_topics
+from pipeline.kafka.changelog import ChangelogReader
+from pipeline.state import directory
 from pipeline.state.decision import Entry
-from pipeline.state.restore import restore
+from pipeline.state.replay import Replay
+from pipeline.state.restore import RestoreBudget, restore
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 
@@ -104,12 +116,7 @@ def fill(bootstrap: str, topic: str, count: int, partitions: int) -> list[dict[b
                 del keys[0]
         value = entry.encode()
         newest[partition][key] = value
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=partition, timestamp=timestamp)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_when_room(producer, topic, value, key, partition=partition, timestamp=timestamp)
         if (i + 1) % 50_000 == 0:
             producer.commit_transaction()
             producer.begin_transaction()
@@ -160,14 +167,14 @@ async def old_restore(store: PartitionStore, changelog: TopicPartition, *, boots
         await consumer.stop()
 
 
-def open_stores(root: Path, topic: str, partitions: int) -> list[PartitionStore]:
+def _identity(topic: str, partition: int) -> StoreIdentity:
+    return StoreIdentity("bench", "bench-group", "bench.raw", partition, topic)
+
+
+def open_stores(root: Path, topic: str, partitions: int, *, follow: bool = False) -> list[PartitionStore]:
     """Fresh stores, one per partition."""
     return [
-        PartitionStore.open(
-            root / f"p{p}",
-            bucket_ms=BUCKET_MS,
-            identity=StoreIdentity("bench", "bench-group", "bench.raw", p, topic),
-        )
+        PartitionStore.open(root / f"p{p}", bucket_ms=BUCKET_MS, identity=_identity(topic, p), follow=follow)
         for p in range(partitions)
     ]
 
@@ -184,15 +191,38 @@ def check(stores: list[PartitionStore], newest: list[dict[bytes, bytes]]) -> Non
                     raise SystemExit(f"{store.path}: key {key!r} restored wrong: {found.get(key)}")
 
 
-async def run_concurrent(stores: list[PartitionStore], topic: str, bootstrap: str, fetch_bytes: int) -> int:
-    """Every partition at once, as the worker restores them."""
-    counts = await asyncio.gather(
-        *(
-            restore(store, TopicPartition(topic, p), bootstrap=bootstrap, fetch_bytes=fetch_bytes)
-            for p, store in enumerate(stores)
+async def run_worker(
+    stores: list[PartitionStore], topic: str, bootstrap: str, fetch_bytes: int, budget_bytes: int
+) -> int:
+    """Every partition at once under the budget, as the worker restores them: each store opened to follow
+    its changelog, then reopened to be served (``stores`` is updated in place)."""
+    budget = RestoreBudget(budget_bytes)
+
+    async def one(p: int) -> int:
+        applied = await restore(
+            stores[p], TopicPartition(topic, p), bootstrap=bootstrap, fetch_bytes=fetch_bytes, budget=budget
         )
-    )
-    return sum(counts)
+        stores[p] = directory.reopen(stores[p], identity=_identity(topic, p), follow=False)
+        return applied
+
+    return sum(await asyncio.gather(*(one(p) for p in range(len(stores)))))
+
+
+async def run_before(
+    stores: list[PartitionStore], topic: str, bootstrap: str, fetch_bytes: int, budget_bytes: int
+) -> int:
+    """As before issue 26: served (skip-list) stores, one fetch at a time, under the same budget."""
+    budget = RestoreBudget(budget_bytes)
+
+    async def one(p: int) -> int:
+        tp = TopicPartition(topic, p)
+        async with budget.hold(fetch_bytes), ChangelogReader(bootstrap, fetch_bytes=fetch_bytes) as reader:
+            end = await reader.end(tp)
+            applied = await Replay(stores[p], reader, tp, prefetch=False).run(end)
+        stores[p].expire()
+        return applied
+
+    return sum(await asyncio.gather(*(one(p) for p in range(len(stores)))))
 
 
 async def run_serial(stores: list[PartitionStore], topic: str, bootstrap: str) -> int:
@@ -211,22 +241,24 @@ def timed(
     newest: list[dict[bytes, bytes]],
     body: Callable[[list[PartitionStore]], Coroutine[Any, Any, int]],
     profile: int,
-) -> tuple[str, int, float]:
-    """Run ``body`` on fresh stores, check them, and return (name, records, seconds)."""
-    stores = open_stores(root / name.replace(" ", "-"), topic, partitions)
+    *,
+    follow: bool = False,
+) -> tuple[str, int, float, float]:
+    """Run ``body`` on fresh stores, check them, and return (name, records, seconds, event loop CPU seconds)."""
+    stores = open_stores(root / name.replace(" ", "-"), topic, partitions, follow=follow)
     try:
         profiler = cProfile.Profile() if profile else None
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         if profiler:
             profiler.enable()
         records = asyncio.run(body(stores))
         if profiler:
             profiler.disable()
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
         check(stores, newest)
         if profiler:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(profile)
-        return name, records, seconds
+        return name, records, seconds, cpu
     finally:
         for store in stores:
             store.close()
@@ -249,7 +281,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_200_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--fetch-bytes", type=int, default=32 * 1024 * 1024)
-    parser.add_argument("--repeat", type=int, default=3, help="concurrent restores, each into fresh stores")
+    parser.add_argument("--budget-bytes", type=int, default=64 * 1024 * 1024)
+    parser.add_argument("--repeat", type=int, default=3, help="restores each way, each into fresh stores")
     parser.add_argument("--no-old", action="store_true", help="leave the old serial path out")
     parser.add_argument("--quick", action="store_true", help="120,000 records")
     parser.add_argument(
@@ -282,18 +315,35 @@ def main() -> None:
         tune_gc()  # as the worker does at start-up: the fill's million keys stay out of the collector's way
         with tempfile.TemporaryDirectory(prefix="bench-restore.") as tmp:
             root = Path(tmp)
-            rows = [
-                timed(
-                    f"concurrent {run + 1}",
-                    root,
-                    topic,
-                    args.partitions,
-                    newest,
-                    lambda stores: run_concurrent(stores, topic, args.bootstrap, args.fetch_bytes),
-                    args.profile if run == 0 else 0,
+            rows = []
+            for run in range(args.repeat):
+                rows.append(
+                    timed(
+                        f"worker {run + 1}",
+                        root,
+                        topic,
+                        args.partitions,
+                        newest,
+                        lambda stores: run_worker(
+                            stores, topic, args.bootstrap, args.fetch_bytes, args.budget_bytes
+                        ),
+                        args.profile if run == 0 else 0,
+                        follow=True,
+                    )
                 )
-                for run in range(args.repeat)
-            ]
+                rows.append(
+                    timed(
+                        f"before {run + 1}",
+                        root,
+                        topic,
+                        args.partitions,
+                        newest,
+                        lambda stores: run_before(
+                            stores, topic, args.bootstrap, args.fetch_bytes, args.budget_bytes
+                        ),
+                        0,
+                    )
+                )
             if not args.no_old:
                 rows.append(
                     timed(
@@ -308,12 +358,16 @@ def main() -> None:
                 )
     finally:
         asyncio.run(delete_topic(args.bootstrap, topic))
-    old_rate = next((n / s for name, n, s in rows if name == "old serial"), None)
-    print(f"\n{'path':<14} {'records':>10} {'seconds':>8} {'records/s':>10} {'vs old':>7}")
-    for name, count, seconds in rows:
+    before = sorted(n / s for name, n, s, _ in rows if name.startswith("before"))
+    base = before[len(before) // 2] if before else None
+    print(
+        f"\n{'path':<14} {'records':>10} {'seconds':>8} {'records/s':>10} {'loop CPU s':>10} {'vs before':>9}"
+    )
+    for name, count, seconds, cpu in rows:
         rate = count / seconds
-        ratio = f"{rate / old_rate:.2f}x" if old_rate else "-"
-        print(f"{name:<14} {count:>10,} {seconds:>8.2f} {rate:>10,.0f} {ratio:>7}")
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        print(f"{name:<14} {count:>10,} {seconds:>8.2f} {rate:>10,.0f} {cpu:>10.2f} {ratio:>9}")
+    print("(vs before: against the median of the before rows)")
     print(f"load average after the runs: {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
 
 

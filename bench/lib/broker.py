@@ -226,3 +226,15 @@ async def warm_up(
         if time.monotonic() > deadline:
             raise RuntimeError("the latency reader fetched nothing for 30 s")
         await consumer.getmany(*tps, timeout_ms=50)
+
+
+def produce_when_room(
+    producer: Any, topic: str, value: bytes, key: bytes, *, partition: int, timestamp: int
+) -> None:
+    """``producer.produce`` on a confluent-kafka producer, polling while its local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, partition=partition, timestamp=timestamp)
+            return
+        except BufferError:
+            producer.poll(0.05)

@@ -7,8 +7,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_topology(path: Path, app: str, partitions: int, *, secret_env: str | None = None) -> Path:
-    """A topology with unique topic names and one Stripe source.
+def write_topology(
+    path: Path, app: str, partitions: int, *, secret_env: str | None = None, changelog: str | None = None
+) -> Path:
+    """A topology with unique topic names and one Stripe source (``changelog``: an existing changelog topic).
 
     Without ``secret_env`` the source is trusted (``verify = "none"``: the benches produce
     straight to the input topic); with it, the ingress verifies its signatures with the
@@ -24,7 +26,7 @@ input = "{app}.raw"
 commands = "{app}.events"
 audit = "{app}.deliveries"
 dlq = "{app}.dlq"
-changelog = "{app}-seen-changelog"
+changelog = "{changelog or f"{app}-seen-changelog"}"
 partitions = {partitions}
 [sources.stripe]
 provider = "stripe"

@@ -101,6 +101,11 @@ WORKER_OPTIONS: tuple[Option, ...] = (
         "check every fetched batch's CRC32C in the worker (the broker checks it on produce; "
         "its cost: bench/crc_cost.py)",
     ),
+    _worker(
+        "standby_replicas",
+        "warm copies of each partition on other workers, tailing its changelog, so that a failover "
+        "replays seconds instead of the whole store (the group's leader decides: set it alike everywhere)",
+    ),
     _worker("restore_fetch_bytes", "the restore consumer's fetch size"),
     _worker("restore_budget_bytes", "bytes all restores may fetch at once (each holds its fetch size)"),
     _worker("queue_bytes", "a partition with this many bytes queued is paused, as with --poll-records"),

@@ -9,16 +9,18 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.kafka import internals
-from pipeline.kafka.clients import restore_consumer
+from pipeline.kafka.clients import RESTORE_CLIENT_ID, restore_consumer
 
 
 class ChangelogReader:
     """Bounds and raw fetches of changelog partitions (``async with``, or start/stop)."""
 
-    def __init__(self, bootstrap: str, *, fetch_bytes: int) -> None:
+    def __init__(self, bootstrap: str, *, fetch_bytes: int, client_id: str = RESTORE_CLIENT_ID) -> None:
         self.fetch_bytes = fetch_bytes
         self.partition_bytes = min(fetch_bytes, 16 * 1024 * 1024)  # as restore_consumer
-        self._consumer: AIOKafkaConsumer = restore_consumer(bootstrap, fetch_bytes=fetch_bytes)
+        self._consumer: AIOKafkaConsumer = restore_consumer(
+            bootstrap, fetch_bytes=fetch_bytes, client_id=client_id
+        )
 
     async def start(self) -> None:
         await self._consumer.start()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import BrokerUnavailableError
@@ -19,8 +21,10 @@ from pipeline.worker.settings import WorkerSettings
 CONCURRENT_TXN_RETRY_S = 0.005
 
 
-def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
-    """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions)."""
+def worker_consumer(settings: WorkerSettings, *, assignor: Any = None) -> AIOKafkaConsumer:
+    """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions);
+    ``assignor`` is its partition assignor (aiokafka's round-robin when None)."""
+    strategy = (assignor,) if assignor is not None else (RoundRobinPartitionAssignor,)
     return AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         group_id=settings.group,
@@ -35,6 +39,7 @@ def worker_consumer(settings: WorkerSettings) -> AIOKafkaConsumer:
         group_instance_id=settings.instance_id,
         heartbeat_interval_ms=max(settings.session_timeout_ms // 5, 300),
         client_id=f"pipeline-worker-{settings.group}",
+        partition_assignment_strategy=strategy,
     )
 
 
@@ -53,10 +58,18 @@ def transactional_producer(settings: WorkerSettings, transactional_id: str) -> A
     )
 
 
-def restore_consumer(bootstrap: str, *, fetch_bytes: int) -> AIOKafkaConsumer:
-    """A group-less read_committed consumer for replaying changelogs."""
+RESTORE_CLIENT_ID = "pipeline-restore"
+STANDBY_CLIENT_ID = "pipeline-standby"
+
+
+def restore_consumer(
+    bootstrap: str, *, fetch_bytes: int, client_id: str = RESTORE_CLIENT_ID
+) -> AIOKafkaConsumer:
+    """A group-less read_committed consumer for replaying changelogs (``client_id`` names it to the
+    broker: a restore's, or the standbys')."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
+        client_id=client_id,
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",

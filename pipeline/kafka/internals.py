@@ -17,6 +17,9 @@ ruff's private-member rule keeps it that way.
 - :func:`stop_consumer`: stop a consumer whose fetcher lets a ``CancelledError`` out.
 - :func:`request_rejoin`: make the group consumer rejoin its group at once.
 - :func:`read_committed_before_start`: make a consumer faust's driver made read committed records only.
+- :func:`generation_current`: ask the group coordinator whether this consumer is
+  still a member of its current generation (a Heartbeat of its own), before a
+  producer start that would fence whoever the group assigns the partition to now.
 - :func:`fetch_raw`: one raw fetch of a partition through a consumer's connections,
   the records left undecoded (the restore's fast path).
 - :func:`batch_builder`: a record batch capped at a topic's own size limit.
@@ -34,12 +37,13 @@ from io import BytesIO
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import IllegalOperation, NotLeaderForPartitionError, for_code
+from aiokafka.errors import IllegalOperation, KafkaError, NotLeaderForPartitionError, for_code
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.protocol.types import (
     AbstractType,
     Boolean,
@@ -135,6 +139,30 @@ def request_rejoin(consumer: AIOKafkaConsumer) -> None:
     coordinator: Any = getattr(consumer, "_coordinator", None)
     if coordinator is not None:
         coordinator.request_rejoin()
+
+
+async def generation_current(consumer: AIOKafkaConsumer) -> bool | None:
+    """Whether the group coordinator still counts ``consumer`` a member of its current generation.
+
+    A Heartbeat with the coordinator's own generation and member id: True when it is
+    answered without error; False when the member is unknown, the generation is over
+    or a rebalance is under way (the consumer is then asked to rejoin); None when the
+    coordinator is unknown or the request fails (nothing confirmed). A worker that was
+    dropped from its group while the broker was away learns it here, before a producer
+    start of its would fence the partition's new assignee.
+    """
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    if coordinator is None or coordinator.coordinator_id is None:
+        return None
+    request = HeartbeatRequest(coordinator.group_id, coordinator.generation, coordinator.member_id)
+    try:
+        response = await coordinator._send_req(request)
+    except KafkaError:
+        return None
+    if response.error_code != 0:
+        coordinator.request_rejoin()
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,6 +107,7 @@ class Report:
     dlq: list[DlqRecord] = field(default_factory=list)
     command_record: CommandRecord | None = None
     dlq_topic: str = ""
+    standbys: list[str] = field(default_factory=list)  # workers keeping a standby of the key's partition
 
     @property
     def invalid_reasons(self) -> Counter[str]:
@@ -145,6 +146,7 @@ class Report:
             out.append(
                 f"deliveries    {len(self.deliveries)}: " + ", ".join(f"{o} {n}" for o, n in counts.items())
             )
+        out.extend(f"standby       {standby}" for standby in self.standbys)
         for record in self.dlq:
             out.append(
                 f"dlq           {self.dlq_topic}:{record.partition}:{record.offset} {record.reason}"
@@ -202,6 +204,7 @@ async def inspect(
     if answer is not None:
         url, found = answer
         _from_worker(report, url, found)
+    report.standbys = await _standbys(key, topology, bootstrap=bootstrap, workers=workers, timeout=timeout)
     await _add_dlq(report, topology, bootstrap)
     await _add_command(report, bootstrap)
     return report
@@ -228,6 +231,31 @@ async def _ask_owner(
                     if answer and answer.get("known"):
                         return url, answer
     return None
+
+
+async def _standbys(
+    key: str, topology: Topology, *, bootstrap: str, workers: Sequence[str], timeout: float
+) -> list[str]:
+    """Which workers keep a standby of the key's partitions, with how far behind each is."""
+    if not workers:
+        return []
+    stages = [topology.topics.input] + ([topology.topics.effects] if topology.has_effects else [])
+    counts = {topic: await partition_count(bootstrap, topic) for topic in stages}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        answers = await asyncio.gather(*(_get_json(session, f"{_base(url)}/partitions") for url in workers))
+    found = []
+    for topic in stages:
+        count = counts[topic]
+        if not count:
+            continue
+        name = f"{topic}-{owner_partition(key.encode(), count)}"
+        for url, answer in zip(workers, answers, strict=True):
+            standby = dict((answer or {}).get("standbys") or {}).get(name)
+            if isinstance(standby, dict):
+                records = standby.get("lag_records")
+                behind = "?" if records is None else f"{records} records"
+                found.append(f"{url} ({name}, {behind}, {standby.get('lag_seconds', '?')} s behind)")
+    return found
 
 
 def _base(url: str) -> str:

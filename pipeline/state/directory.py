@@ -13,12 +13,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from pipeline.errors import StateDirInUseError, StoreCorruptError, StoreUnusableError
+from pipeline.errors import StateDirInUseError, StoreCorruptError, StoreError, StoreUnusableError
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import Topology
@@ -30,7 +31,7 @@ class StoreOpener(Protocol):
     """Opens (or creates) the store at ``path`` (``PartitionStore.open``; the simulation passes its own)."""
 
     def __call__(
-        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None
+        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
     ) -> PartitionStore: ...
 
 
@@ -45,15 +46,33 @@ def topology_bucket_ms(topology: Topology) -> int:
 
 
 def open_store(
-    path: Path, *, bucket_ms: int, identity: StoreIdentity, opener: StoreOpener = PartitionStore.open
+    path: Path,
+    *,
+    bucket_ms: int,
+    identity: StoreIdentity,
+    opener: StoreOpener = PartitionStore.open,
+    follow: bool = False,
 ) -> PartitionStore:
-    """Open the store at ``path``, checking it is ``identity``'s; a corrupt or stale one is rebuilt."""
+    """Open the store at ``path``, checking it is ``identity``'s; a corrupt or stale one is rebuilt.
+
+    ``follow`` opens it to follow its changelog (a restore, a standby): written, never read.
+    """
     try:
-        return opener(path, bucket_ms=bucket_ms, identity=identity)
+        return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
     except StoreCorruptError as exc:
         log.warning("%s; wiping it and restoring from the changelog", exc)
         PartitionStore.wipe(path)  # StoreUnusableError when even that fails
-        return opener(path, bucket_ms=bucket_ms, identity=identity)
+        return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+
+def reopen(
+    store: PartitionStore, *, identity: StoreIdentity, follow: bool, opener: StoreOpener = PartitionStore.open
+) -> PartitionStore:
+    """Close ``store`` and open it again, to follow its changelog or to be served (``follow``); the
+    identity is checked again. A failure leaves ``store`` closed and raises :class:`StoreError`."""
+    path, bucket_ms = store.path, store.bucket_ms
+    store.close()
+    return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
 
 
 def rebuild(
@@ -61,10 +80,10 @@ def rebuild(
 ) -> PartitionStore:
     """Close ``store``, wipe it and open it empty (to restore from the changelog's start); ``why`` names the store."""
     log.warning("%s; wiping it and restoring from the changelog", why)
-    path, bucket_ms = store.path, store.bucket_ms
+    path, bucket_ms, follow = store.path, store.bucket_ms, store.follow
     store.close()
     PartitionStore.wipe(path)
-    return opener(path, bucket_ms=bucket_ms, identity=identity)
+    return opener(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
 
 
 class StateDirLock:
@@ -105,3 +124,40 @@ class StateDirLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the descriptor drops the lock
+
+
+def stored_positions(
+    state_dir: Path,
+    topology: Topology,
+    group: str,
+    identities: Mapping[str, StoreIdentity],
+    *,
+    opener: StoreOpener = PartitionStore.open,
+) -> dict[TopicPartition, int]:
+    """The changelog position of every store of ``topology`` and ``group`` on this disk.
+
+    ``identities`` gives, per consumed topic, the identity its stores carry (the
+    partition is each store's own). Each store is opened to follow (nothing is
+    written) and closed again; one that is locked, corrupt, of another changelog
+    or someone else's claims nothing and is left as it is.
+    """
+    root = Path(state_dir) / topology.app / group
+    positions: dict[TopicPartition, int] = {}
+    if not root.is_dir():
+        return positions
+    bucket_ms = topology_bucket_ms(topology)
+    for child in sorted(root.iterdir()):
+        topic, _, number = child.name.rpartition("-")
+        if topic not in identities or not number.isdigit() or not (child / "CURRENT").is_file():
+            continue
+        identity = identities[topic]._replace(partition=int(number))
+        try:
+            store = opener(child, bucket_ms=bucket_ms, identity=identity, follow=True)
+        except StoreError as exc:
+            log.info("store %s claims nothing: %s", child, exc)
+            continue
+        try:
+            positions[TopicPartition(topic, int(number))] = store.changelog_offset
+        finally:
+            store.close()
+    return positions

@@ -13,6 +13,14 @@ by deleting files rather than writing tombstones. Disk use is therefore
 bounded by TTL x key rate. A lookup asks each live bucket (about ten, since
 the width is a tenth of the largest TTL) with one multi-get per batch.
 
+Two modes. A store that is served (its partition handles records) keeps
+RocksDB's skip-list memtables, which lookups need. A store that only follows
+its changelog (a restore, a standby replica: written, never read) is opened
+with ``follow=True``: vector memtables, which append a write and sort once when
+they are flushed, in RocksDB's background thread; a write then costs the event
+loop about a third of what a sorted insert does (``docs/benchmarks.md``,
+Restore). Lookups on such a store are refused: reopen it served first.
+
 Every change, and the changelog offset and stream time it reflects, is
 written in one ``WriteBatch``: the store never holds data newer or older than
 its recorded offset, and the offset in memory moves only once the batch is
@@ -33,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, MemtableFactory, Options, Rdict, WriteBatch
 
 from pipeline.errors import (
     StoreCorruptError,
@@ -83,17 +91,23 @@ DB_WRITE_BUFFER_BYTES = 64 * 1024 * 1024  # all memtables of one partition's dat
 MEMTABLE_BLOOM_RATIO = 0.02
 
 
-def _family_options() -> Options:
+def _family_options(follow: bool = False) -> Options:
     """Options of every column family: small memtables and Bloom filters (most lookups miss).
 
     The table files' filters spare a missing key the disk; the memtable's spares it the
     skiplist search (it took about a third off a lookup batch's time in ``bench/hotpath.py``).
+    A store that only follows its changelog has vector memtables instead, and no memtable
+    filter (nothing looks a key up in it).
     """
     options = Options(raw_mode=True)
     options.set_write_buffer_size(WRITE_BUFFER_BYTES)
     options.set_max_write_buffer_number(2)
-    options.set_memtable_whole_key_filtering(True)
-    options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+    if follow:
+        options.set_memtable_factory(MemtableFactory.vector())
+        options.set_allow_concurrent_memtable_write(False)
+    else:
+        options.set_memtable_whole_key_filtering(True)
+        options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_cache_index_and_filter_blocks(True)
@@ -101,8 +115,8 @@ def _family_options() -> Options:
     return options
 
 
-def _options() -> Options:
-    options = _family_options()
+def _options(follow: bool = False) -> Options:
+    options = _family_options(follow)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_db_write_buffer_size(DB_WRITE_BUFFER_BYTES)
@@ -116,10 +130,13 @@ def _bucket_names(names: Iterable[str]) -> dict[int, str]:
 class PartitionStore:
     """Key → :class:`Entry` for one input partition, with whole-bucket expiry."""
 
-    def __init__(self, path: Path, db: Rdict, bucket_ms: int, families: Iterable[str]) -> None:
+    def __init__(
+        self, path: Path, db: Rdict, bucket_ms: int, families: Iterable[str], *, follow: bool = False
+    ) -> None:
         self.path = path
         self._db = db
         self.bucket_ms = bucket_ms
+        self.follow = follow  # opened only to follow the changelog: written, never read
         self._meta = db.get_column_family(META)
         self._meta_handle: Any = db.get_column_family_handle(META)
         self._buckets: dict[int, Rdict] = {}
@@ -135,8 +152,11 @@ class PartitionStore:
         self._closed = False
 
     @classmethod
-    def open(cls, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None) -> PartitionStore:
-        """Open (or create) the store at ``path``, checking that it is ``identity``'s.
+    def open(
+        cls, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
+    ) -> PartitionStore:
+        """Open (or create) the store at ``path``, checking that it is ``identity``'s; ``follow``
+        opens it to follow its changelog (written, never read: see the module).
 
         Raises :class:`StoreLockedError` when another process holds it,
         :class:`StoreUnusableError` when the directory cannot be used,
@@ -148,16 +168,16 @@ class PartitionStore:
         """
         check_directory(path)
         try:
-            existing = Rdict.list_cf(str(path), _options()) if (path / "CURRENT").exists() else []
-            families = {name: _family_options() for name in existing if name != "default"}
-            families.setdefault(META, _family_options())
-            db = Rdict(str(path), _options(), column_families=families)
+            existing = Rdict.list_cf(str(path), _options(follow)) if (path / "CURRENT").exists() else []
+            families = {name: _family_options(follow) for name in existing if name != "default"}
+            families.setdefault(META, _family_options(follow))
+            db = Rdict(str(path), _options(follow), column_families=families)
         except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
             raise classify_open_failure(path, exc) from exc
         try:
             has_buckets = bool(_bucket_names(families))
             bucket_ms = check_meta(path, db, bucket_ms, identity, has_buckets=has_buckets)
-            return cls(path, db, bucket_ms, families)
+            return cls(path, db, bucket_ms, families, follow=follow)
         except StoreError:
             db.close()
             raise
@@ -203,6 +223,8 @@ class PartitionStore:
         found: dict[bytes, Entry] = {}
         if not keys:
             return found
+        if self.follow:
+            raise StoreError(f"store {self.path} is open to follow its changelog, not to be read")
         for bucket in sorted(self._buckets, reverse=True):
             try:
                 values: list[bytes | None] = self._buckets[bucket].get(keys)  # type: ignore[arg-type,assignment]
@@ -289,7 +311,7 @@ class PartitionStore:
         if handle is None:
             name = f"b{bucket}"
             try:
-                self._buckets[bucket] = self._db.create_column_family(name, _family_options())
+                self._buckets[bucket] = self._db.create_column_family(name, _family_options(self.follow))
                 handle = self._handles[bucket] = self._db.get_column_family_handle(name)
             except Exception as exc:  # rocksdict raises bare Exception for every RocksDB status
                 self._buckets.pop(bucket, None)

@@ -12,9 +12,17 @@ from pipeline.worker.partition import Partition
 
 
 def partition_health(
-    assigned: Iterable[TopicPartition], partitions: Mapping[TopicPartition, Partition], *, failed: bool
+    assigned: Iterable[TopicPartition],
+    partitions: Mapping[TopicPartition, Partition],
+    *,
+    failed: bool,
+    standbys: Mapping[str, Mapping[str, object]] | None = None,
 ) -> tuple[bool, dict[str, Any]]:
-    """(healthy, details): unhealthy while an assigned partition is not READY/COMMITTING, or is stuck."""
+    """(healthy, details): unhealthy while an assigned partition is not READY/COMMITTING, or is stuck.
+
+    The standbys this worker keeps are in the details (``standby``: state, position, lag in
+    records and seconds); they never make it unhealthy: a copy behind is slower failover, not
+    a partition unserved."""
     now = time.monotonic()
     states = {}
     problems = []
@@ -31,4 +39,6 @@ def partition_health(
     detail: dict[str, Any] = {"status": "ok" if healthy else "unhealthy", "partitions": states}
     if problems:
         detail["problems"] = problems
+    if standbys:
+        detail["standby"] = {name: dict(info) for name, info in standbys.items()}
     return healthy, detail

@@ -2,7 +2,10 @@
 
 ``/healthz`` answers 503 while an assigned partition is not served (opening,
 restoring, broken, fenced) or is stuck (work waiting and no commit for
-``stuck_after``), with each partition's state in the body.
+``stuck_after``), with each partition's state in the body, and the standby
+replicas this worker keeps (``standby``: state, position, lag in records and
+seconds), which never make it unhealthy. ``/partitions`` lists the partitions
+served here and those kept as standby.
 
 ``/keys/{key}`` answers from the seen-set of the partition that owns the key,
 when this worker owns it (for an event key, the input partition; for an
@@ -25,10 +28,16 @@ from pipeline.state.store import PartitionStore
 Stores = Callable[[], Mapping[tuple[str, int], PartitionStore]]
 Owner = Callable[[str, bytes], int]  # (topic, key) -> partition
 Health = Callable[[], tuple[bool, dict[str, Any]]]  # (healthy, details)
+Standbys = Callable[[], Mapping[str, Mapping[str, Any]]]  # "<topic>-<partition>" -> state, position, lag
 
 
 def build_app(
-    stores: Stores, owner: Owner, topics: list[str], registry: CollectorRegistry, health: Health
+    stores: Stores,
+    owner: Owner,
+    topics: list[str],
+    registry: CollectorRegistry,
+    health: Health,
+    standbys: Standbys = dict,
 ) -> web.Application:
     """The aiohttp application of a worker."""
 
@@ -45,7 +54,12 @@ def build_app(
         owned: dict[str, list[int]] = {}
         for topic, partition in sorted(stores()):
             owned.setdefault(topic, []).append(partition)
-        return web.json_response({"partitions": owned})
+        copies = standbys()
+        held: dict[str, list[int]] = {}
+        for name in copies:
+            topic, _, number = name.rpartition("-")
+            held.setdefault(topic, []).append(int(number))
+        return web.json_response({"partitions": owned, "standby": held, "standbys": dict(copies)})
 
     async def key(request: web.Request) -> web.Response:
         name = request.match_info["key"]

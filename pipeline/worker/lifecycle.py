@@ -23,6 +23,18 @@
 A failure while OPENING or RESTORING closes the partition (the loop stops the
 worker when it stays unserved); a COMMITTING partition is closed only once its
 commit has ended.
+
+A standby replica (:mod:`pipeline.worker.standby`) has a life of its own::
+
+    OPENING ──▶ FOLLOWING
+       ▲  │        │  │
+       │  │        │  └──▶ CLOSED (no longer wanted, promoted, or the worker stops)
+       └──┼────────┘ (a failure: the store is closed and opened again after a pause)
+          └──▶ CLOSED
+
+- OPENING: the store is opened to follow its changelog (a stale one is rebuilt);
+- FOLLOWING: rounds of replaying the changelog to its end, then waiting;
+- CLOSED: the store is closed; nothing of it runs any more.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 from pipeline.errors import IllegalTransitionError
 
@@ -59,19 +72,47 @@ TRANSITIONS: Mapping[PartitionState, frozenset[PartitionState]] = {
 SERVING = frozenset({_S.READY, _S.COMMITTING})
 
 
-class Lifecycle:
-    """The current state of one partition; :meth:`move` is the only way to change it."""
+class StandbyState(StrEnum):
+    """Where one standby replica is in its life."""
 
-    __slots__ = ("name", "since", "state")
+    OPENING = "opening"
+    FOLLOWING = "following"
+    CLOSED = "closed"
 
-    def __init__(self, name: str) -> None:
+
+STANDBY_TRANSITIONS: Mapping[StandbyState, frozenset[StandbyState]] = {
+    StandbyState.OPENING: frozenset({StandbyState.FOLLOWING, StandbyState.CLOSED}),
+    StandbyState.FOLLOWING: frozenset({StandbyState.OPENING, StandbyState.CLOSED}),
+    StandbyState.CLOSED: frozenset(),
+}
+
+_State = TypeVar("_State", PartitionState, StandbyState)
+
+
+class Lifecycle(Generic[_State]):
+    """The current state of one partition (or standby); :meth:`move` is the only way to change it."""
+
+    __slots__ = ("name", "since", "state", "transitions")
+
+    def __init__(self, name: str, initial: _State, transitions: Mapping[_State, frozenset[_State]]) -> None:
         self.name = name
-        self.state = PartitionState.OPENING
+        self.state: _State = initial
+        self.transitions: Mapping[_State, frozenset[_State]] = transitions
         self.since = time.monotonic()  # when it entered ``state`` (monotonic seconds)
 
-    def move(self, target: PartitionState) -> None:
+    @staticmethod
+    def partition(name: str) -> Lifecycle[PartitionState]:
+        """A partition's, OPENING."""
+        return Lifecycle(name, PartitionState.OPENING, TRANSITIONS)
+
+    @staticmethod
+    def standby(name: str) -> Lifecycle[StandbyState]:
+        """A standby's, OPENING."""
+        return Lifecycle(name, StandbyState.OPENING, STANDBY_TRANSITIONS)
+
+    def move(self, target: _State) -> None:
         """Go to ``target``; raises :class:`IllegalTransitionError` when the table has no such edge."""
-        if target not in TRANSITIONS[self.state]:
+        if target not in self.transitions[self.state]:
             raise IllegalTransitionError(f"{self.name}: no transition from {self.state} to {target}")
         self.state = target
         self.since = time.monotonic()
@@ -83,5 +124,5 @@ class Lifecycle:
 
     @property
     def closed(self) -> bool:
-        """Whether the partition is CLOSED."""
-        return self.state is PartitionState.CLOSED
+        """Whether it is CLOSED."""
+        return self.state.value == "closed"

@@ -54,6 +54,7 @@ from pipeline.worker.observe import forget_partition, observe_lag, observe_store
 from pipeline.worker.pacing import caught_up, poll_ms
 from pipeline.worker.partition import Partition, PartitionContext
 from pipeline.worker.settings import WorkerSettings
+from pipeline.worker.standbys import StandbyReplicas
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Worker:
         self._fatal: PipelineError | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._context: PartitionContext | None = None
+        self._standbys: StandbyReplicas | None = None
         self._http: web.AppRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -139,8 +141,13 @@ class Worker:
             topic_ids=layout.topic_ids,
             open_store=self._open_store,
             budget=RestoreBudget(self.settings.restore_budget_bytes),
+            member=self._member,
         )
-        consumer = worker_consumer(self.settings)
+        standbys = self._standbys = StandbyReplicas(
+            self._context, dict(self._stages()), self._served_positions
+        )
+        standbys.scan()
+        consumer = worker_consumer(self.settings, assignor=standbys.assignor)
         try:
             await consumer.start()
         except KafkaError as exc:
@@ -168,6 +175,7 @@ class Worker:
             [source for source, _ in self._stages()],
             self.metrics.registry,
             self.health,
+            self._require(self._standbys).describe,
         )
         self._http = await worker_http.serve(app, self.settings.http_host, port)
         log.info("metrics and inspect endpoint on port %s", worker_http.bound_port(self._http))
@@ -180,6 +188,10 @@ class Worker:
             stages.append((topics.effects, topics.effects_changelog))
         return stages
 
+    def standby_partitions(self) -> set[TopicPartition]:
+        """The partitions this worker keeps a standby replica of now."""
+        return set(self._standbys.held) if self._standbys is not None else set()
+
     def stop(self) -> None:
         """Ask the loop to finish its transactions and exit."""
         self._stopping.set()
@@ -191,7 +203,10 @@ class Worker:
         if consumer is None:
             return False, {"status": "stopped"}
         parts = {tp: owned.part for tp, owned in self._owned.items()}
-        return partition_health(consumer.assignment(), parts, failed=self._fatal is not None)
+        standbys = self._standbys.describe() if self._standbys is not None else None
+        return partition_health(
+            consumer.assignment(), parts, failed=self._fatal is not None, standbys=standbys
+        )
 
     async def run(self) -> None:
         """Consume, decide and commit until stopped; commit what is open (abort after a failure)."""
@@ -235,7 +250,21 @@ class Worker:
         self._commit_due()
         await self._reap()
         self._watch()
+        self._require(self._standbys).observe()
         await asyncio.sleep(0)  # a fetch with nothing to wait for returns at once: let the commits run
+
+    async def _member(self) -> bool | None:
+        """Whether the group still counts this worker a member of its generation (None: not known)."""
+        consumer = self._consumer
+        return None if consumer is None else await internals.generation_current(consumer)
+
+    def _served_positions(self) -> dict[TopicPartition, int]:
+        """The changelog position of each open store of a partition this worker serves (for its group)."""
+        return {
+            tp: owned.part.store.changelog_offset
+            for tp, owned in self._owned.items()
+            if owned.part.store is not None and not owned.part.store.closed
+        }
 
     def _positions(self) -> _Positions:
         """Each partition and its generation, as a fetch begins (records of an older one are stale)."""
@@ -344,6 +373,8 @@ class Worker:
         tasks = [t for entry in owned for t in (entry.opening, entry.committing) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(self._close(entry, commit=commit) for entry in owned))
+        if self._standbys is not None:
+            await self._standbys.close()
         await internals.stop_consumer(consumer)
         if self._http is not None:
             await self._http.cleanup()
@@ -383,6 +414,7 @@ class Worker:
         """
         self._rebalancing = False
         consumer = self._require(self._consumer)
+        await self._require(self._standbys).assigned(assigned)  # a promoted standby closes first
         fresh = sorted((tp for tp in assigned if tp not in self._owned), key=lambda t: (t.topic, t.partition))
         if not fresh or self._stopping.is_set():  # stopping: nothing new opens (the next owner takes them)
             return
@@ -483,6 +515,8 @@ class Worker:
             with contextlib.suppress(PipelineError, KafkaError):
                 await task
         await owned.part.close(commit=commit)
+        if self._standbys is not None:
+            self._standbys.remember(owned.part.tp, owned.part.position)
         forget_partition(self.metrics, owned.part.tp)
         self.metrics.partitions.set(len(self._owned))
 

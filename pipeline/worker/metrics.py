@@ -109,6 +109,10 @@ class WorkerMetrics:
     lag: Gauge
     restore_remaining: Gauge
     clock_skewed: Counter
+    standby_partitions: Gauge
+    standby_lag_records: Gauge
+    standby_lag_seconds: Gauge
+    standby_records: Counter
     children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict)
 
     @classmethod
@@ -191,6 +195,28 @@ class WorkerMetrics:
             clock_skewed=Counter(
                 "pipeline_clock_skewed_records_total",
                 "Records dated further ahead of the wall clock than --max-clock-skew, handled at that bound",
+                registry=registry,
+            ),
+            standby_partitions=Gauge(
+                "pipeline_standby_partitions",
+                "Partitions this worker keeps a standby replica of",
+                registry=registry,
+            ),
+            standby_lag_records=Gauge(
+                "pipeline_standby_lag_records",
+                "Changelog records a standby replica is behind its changelog's end, per partition",
+                ["topic", "partition"],
+                registry=registry,
+            ),
+            standby_lag_seconds=Gauge(
+                "pipeline_standby_lag_seconds",
+                "Seconds since a standby replica was last level with its changelog (0 while it is), per partition",
+                ["topic", "partition"],
+                registry=registry,
+            ),
+            standby_records=Counter(
+                "pipeline_standby_records_total",
+                "Changelog records replayed into standby replicas",
                 registry=registry,
             ),
         )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import (
+    BrokerUnavailableError,
     PartitionUnservedError,
     PipelineError,
     ProducerFencedError,
@@ -80,6 +81,22 @@ class PartitionContext:
     topic_ids: Any = None  # Mapping[str, str]
     open_store: directory.StoreOpener = PartitionStore.open
     budget: RestoreBudget | None = None
+    # whether the group still counts this worker a member of its generation (None: unknown);
+    # asked before every producer start, which would fence whoever the group assigns the partition to
+    member: Callable[[], Awaitable[bool | None]] | None = None
+
+    def identity(self, tp: TopicPartition, changelog: TopicPartition) -> StoreIdentity:
+        """Whose store ``tp``'s is (names), and which changelog it caches (ids)."""
+        ids = self.topic_ids or {}
+        return StoreIdentity(
+            app=self.topology.app,
+            group=self.settings.for_topology(self.topology.app).group,
+            topic=tp.topic,
+            partition=tp.partition,
+            changelog=changelog.topic,
+            cluster=self.cluster,
+            changelog_id=ids.get(changelog.topic, ""),
+        )
 
 
 class Partition:
@@ -101,7 +118,7 @@ class Partition:
         self.topology = context.topology
         self.metrics = context.metrics
         self._seek = seek
-        self.lifecycle = Lifecycle(self.name)
+        self.lifecycle = Lifecycle.partition(self.name)
         self.lock = asyncio.Lock()
         self.queue: list[Any] = []  # fetched, not yet handled (held while a commit runs)
         self.queued_bytes = 0
@@ -116,16 +133,8 @@ class Partition:
         self.txn: PartitionTransaction | None = None
         self.stage: Stage | None = None
         self._wipe = False  # the store cannot be read: wipe it when released
-        ids = context.topic_ids or {}
-        self.identity = StoreIdentity(
-            app=self.topology.app,
-            group=self.settings.group,
-            topic=tp.topic,
-            partition=tp.partition,
-            changelog=changelog.topic,
-            cluster=context.cluster,
-            changelog_id=ids.get(changelog.topic, ""),
-        )
+        self.identity = context.identity(tp, changelog)
+        self.position: int | None = None  # the changelog offset the store reflected when released
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -200,16 +209,10 @@ class Partition:
         self.progress_at = time.monotonic()
 
     async def _open_store_and_producer(self) -> None:
-        context = self.context
         if self.store is None:
-            path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
-            self.store = directory.open_store(
-                path,
-                bucket_ms=directory.topology_bucket_ms(self.topology),
-                identity=self.identity,
-                opener=context.open_store,
-            )
+            self.store = self._open_store(follow=True)  # restored first: written, not read, until READY
         if self.producer is None:
+            await self._check_member()
             producer = self._new_producer()
             try:
                 await producer.start()  # InitProducerId: fences the previous owner, aborts its transaction
@@ -218,10 +221,23 @@ class Partition:
                 raise
             self.producer = producer
 
+    def _open_store(self, *, follow: bool) -> PartitionStore:
+        path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
+        return directory.open_store(
+            path,
+            bucket_ms=directory.topology_bucket_ms(self.topology),
+            identity=self.identity,
+            opener=self.context.open_store,
+            follow=follow,
+        )
+
     async def _restore(self) -> None:
+        """Replay the changelog into the store (opened to follow it), then open the store to be served."""
         store, producer = self.store, self.producer
         if store is None or producer is None:
             raise PipelineError(f"{self.name}: restore before open")
+        if store.closed:  # reopening it to be served failed on an earlier attempt
+            store = self.store = self._open_store(follow=True)
         remaining = self.metrics.restore_remaining.labels(self.tp.topic, str(self.tp.partition))
         options: dict[str, Any] = {
             "bootstrap": self.settings.bootstrap,
@@ -238,6 +254,10 @@ class Partition:
             )
             applied = await restore(store, self.changelog, **options)
         self.metrics.restore_records.inc(applied)
+        if store.follow:
+            store = self.store = directory.reopen(
+                store, identity=self.identity, follow=False, opener=self.context.open_store
+            )
         self.txn = PartitionTransaction(
             tp=self.tp,
             group=self.settings.group,
@@ -434,6 +454,16 @@ class Partition:
         if verdict is not None:
             raise PartitionUnservedError(f"partition {self.name}: {verdict}")
 
+    async def _check_member(self) -> None:
+        """Raise :class:`BrokerUnavailableError` (retriable: opening tries again) unless the group confirms
+        this worker is still a member of its generation: a worker dropped from its group while it
+        could not hear (an outage, a pause) would otherwise fence the partition's new assignee."""
+        member = self.context.member
+        if member is not None and not await member():
+            raise BrokerUnavailableError(
+                f"{self.name}: the group does not confirm this worker as a member now; not starting its producer"
+            )
+
     def _new_producer(self) -> TransactionalProducer:
         """A producer with the partition's transactional id: starting it fences every older one."""
         txn_id = f"{self.topology.app}-{self.settings.group}-{self.tp.topic}-{self.tp.partition}"
@@ -447,8 +477,9 @@ class Partition:
         await old.stop()
         producer = self._new_producer()
         try:
+            await self._check_member()
             await producer.start()
-        except (KafkaError, ProducerFencedError) as exc:
+        except (KafkaError, ProducerFencedError, BrokerUnavailableError) as exc:
             await producer.stop()
             self.producer = None
             self._broken(exc)
@@ -484,6 +515,7 @@ class Partition:
         if producer is not None:
             await producer.stop()
         if store is not None:
+            self.position = store.changelog_offset
             try:
                 store.close()
                 if self._wipe:

@@ -16,6 +16,7 @@ from pipeline.errors import ConfigError
 
 MIB = 1024 * 1024
 COMMIT_POLICIES = ("caught-up", "interval")
+MAX_STANDBY_REPLICAS = 8
 DEFAULT_STATE_DIR = Path(".state/worker")
 
 
@@ -54,6 +55,9 @@ class WorkerSettings:
     # check each fetched batch's CRC in the consumer (its cost: bench/crc_cost.py, docs/benchmarks.md);
     # the broker checks it on produce. Off as in librdkafka (check.crcs).
     check_crcs: bool = False
+    # warm copies of partitions owned by other workers, tailing their changelogs (the group's leader
+    # decides for the group: set it the same on every worker)
+    standby_replicas: int = 0
     restore_fetch_bytes: int = 32 * MIB  # the restore consumer's fetch size
     restore_budget_bytes: int = 64 * MIB  # what all restores may fetch at once (each holds its fetch size)
     queue_bytes: int = 16 * MIB  # a partition with this many bytes queued is paused, as with poll_records
@@ -118,6 +122,10 @@ class WorkerSettings:
             value = getattr(self, name)
             if not 64 * 1024 <= value <= 1024 * MIB:
                 problems.append(f"{name.replace('_', ' ')} must be in [64 KiB, 1 GiB], got {value}")
+        if not 0 <= self.standby_replicas <= MAX_STANDBY_REPLICAS:
+            problems.append(
+                f"standby replicas must be in [0, {MAX_STANDBY_REPLICAS}], got {self.standby_replicas}"
+            )
         if not 1 <= self.max_clock_skew <= 30 * 86_400:
             problems.append(f"max clock skew must be in [1, 2592000] seconds, got {self.max_clock_skew}")
         for name in ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -253,3 +254,45 @@ def command_counts(records: Iterable[Any]) -> Counter[str]:
 def wrong_partition(key: bytes, partitions: int) -> int:
     """A partition that does not own ``key``."""
     return (owner_partition(key, partitions) + 1) % partitions
+
+
+def workload(unique_count: int, duplicate_ratio: float, seed: int) -> tuple[list[str], list[list[str]]]:
+    """Unique event ids and the stream cut into 10 waves; duplicates trail their originals by up to 3 waves."""
+    rng = random.Random(seed)
+    ids = [f"evt_{seed}_{i}" for i in range(unique_count)]
+    total = int(unique_count / (1 - duplicate_ratio))
+    waves: list[list[str]] = [[] for _ in range(10)]
+    per_wave = unique_count // 10
+    for index, event_id in enumerate(ids):
+        waves[min(index // per_wave, 9)].append(event_id)
+    for _ in range(total - unique_count):
+        index = rng.randrange(unique_count)
+        later = min(min(index // per_wave, 9) + rng.randint(0, 3), 9)
+        waves[later].append(ids[index])
+    for wave in waves:
+        rng.shuffle(wave)
+    return ids, waves
+
+
+async def check_exactly_once(env: Env, ids: list[str], total: int) -> None:
+    audit = await wait_for_audit(env, total, timeout=180)
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    counts = command_counts(commands)
+    positions = Counter((a["partition"], a["offset"]) for a in audit)
+    twice = sorted(p for p, n in positions.items() if n > 1)
+    assert not twice, f"input records audited more than once: {twice[:20]}"
+    assert len(audit) == total, f"audit has {len(audit)} records for {total} inputs"
+    assert counts == Counter({f"stripe:{e}": 1 for e in ids}), (
+        f"{sum(1 for c in counts.values() if c > 1)} keys duplicated, "
+        f"{len({f'stripe:{e}' for e in ids} - set(counts))} keys missing"
+    )
+    outcomes = Counter(a["outcome"] for a in audit)
+    assert outcomes == Counter({"first": len(ids), "duplicate": total - len(ids)})
+
+
+async def produce_steadily(env: Env, waves: list[list[str]], chunk: int = 200, pause: float = 0.1) -> None:
+    """Produce the waves in small chunks so the worker always has a transaction open."""
+    for wave in waves:
+        for start in range(0, len(wave), chunk):
+            await env.produce_stripe(wave[start : start + chunk])
+            await asyncio.sleep(pause)

@@ -139,3 +139,56 @@ async def test_inspect_quotes_keys_with_slashes_and_question_marks_and_prints_is
         first_iso = datetime.fromtimestamp(now / 1000, tz=UTC).isoformat(timespec="milliseconds")
         assert f"first seen    {first_iso.replace('+00:00', 'Z')}" in text, text
         assert "duplicates    1, last at " in text, text
+
+
+async def _get(port: int, path: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}") as response:
+        if path == "/metrics":
+            return response.status, await response.text()
+        return response.status, await response.json()
+
+
+async def test_inspect_healthz_and_metrics_show_the_standbys_a_worker_keeps(pipeline_env: MakeEnv) -> None:
+    """With one standby, each worker's /healthz and /partitions list the partitions it keeps a copy of with their lag,
+    /metrics has their lag in records and seconds, and inspect names the worker keeping the key's standby."""
+    env: Env = await pipeline_env(partitions=2)
+    ports = [_free_port(), _free_port()]
+    for name, port in zip("ab", ports, strict=True):
+        env.start_worker(
+            name, "--metrics-port", str(port), "--standby-replicas", "1", "--session-timeout-ms", "3000"
+        )
+    ids = [f"evt_{i}" for i in range(30)]
+    await env.produce_stripe(ids)
+    await wait_for_audit(env, 30)
+    deadline = time.monotonic() + 60
+    while True:
+        answers = [(await _get(p, "/partitions"))[1] for p in ports]
+        health = [(await _get(p, "/healthz"))[1] for p in ports]
+        copies = [h.get("standby", {}) for h in health]
+        if all(a["partitions"].get(env.topo.topics.input) for a in answers) and all(
+            c and all(s["lag_records"] == 0 for s in c.values()) for c in copies
+        ):
+            break
+        assert time.monotonic() < deadline, (answers, health)
+        await asyncio.sleep(0.5)
+    raw = env.topo.topics.input
+    for index, port in enumerate(ports):
+        served = set(answers[index]["partitions"][raw])
+        kept = set(answers[index]["standby"][raw])
+        assert served
+        assert kept
+        assert not served & kept  # never a standby of what it serves
+        assert set(copies[index]) == {f"{raw}-{p}" for p in kept}
+        assert all(s["state"] == "following" and s["lag_seconds"] == 0 for s in copies[index].values())
+        _status, metrics = await _get(port, "/metrics")
+        for p in kept:
+            assert f'pipeline_standby_lag_records{{partition="{p}",topic="{raw}"}} 0.0' in metrics
+            assert f'pipeline_standby_lag_seconds{{partition="{p}",topic="{raw}"}} 0.0' in metrics
+        assert "pipeline_standby_partitions 1.0" in metrics
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    key = "stripe:evt_3"
+    partition = owner_partition(key.encode(), 2)
+    keeper = next(i for i, a in enumerate(answers) if partition in a["standby"][raw])
+    report = _inspect(env, key, workers)
+    assert report["standbys"] == [f"127.0.0.1:{ports[keeper]} ({raw}-{partition}, 0 records, 0.0 s behind)"]
+    assert f"standby       127.0.0.1:{ports[keeper]}" in _inspect_text(env, key, workers)

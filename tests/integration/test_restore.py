@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry, Gauge
 
 from pipeline.errors import StoreUnusableError
-from pipeline.state import restore as restore_module
+from pipeline.kafka.changelog import ChangelogReader
+from pipeline.state import replay as replay_module
 from pipeline.state.decision import Entry
 from pipeline.state.restore import restore
 from pipeline.state.store import PartitionStore, bucket_width
@@ -114,7 +115,7 @@ async def test_an_interrupted_restore_resumes_where_it_stopped(
         [(f"k{i}-{j}".encode(), _entry(i * 10 + j).encode()) for j in range(5)] for i in range(20)
     ]
     await _produce(bootstrap, topic, transactions)
-    monkeypatch.setattr(restore_module, "WRITE_RECORDS", 10)
+    monkeypatch.setattr(replay_module, "WRITE_RECORDS", 10)
     path = tmp_path / "p1"
     store = _open(path, topic)
     real_write = PartitionStore.write_raw
@@ -178,3 +179,45 @@ async def test_restores_of_several_partitions_run_concurrently(
     finally:
         for store in stores:
             store.close()
+
+
+async def test_the_next_fetch_is_on_its_way_while_one_is_written(
+    bootstrap: str, make_topic: TopicFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore sends its next fetch before it writes the records of the last one, and still applies every record once."""
+    topic = await make_topic("changelog", partitions=2)
+    transactions = [
+        [(f"k{i}-{j}".encode(), _entry((i * 100 + j) % 1000).encode()) for j in range(100)] for i in range(20)
+    ]
+    await _produce(bootstrap, topic, transactions)
+    in_flight = 0
+    overlapped = writes = 0
+    real_fetch = ChangelogReader.fetch
+    real_write = PartitionStore.write_raw
+
+    async def fetch(self: ChangelogReader, *args: Any) -> Any:
+        nonlocal in_flight
+        in_flight += 1
+        try:
+            return await real_fetch(self, *args)
+        finally:
+            in_flight -= 1
+
+    def write_raw(self: PartitionStore, *args: Any, **kwargs: Any) -> None:
+        nonlocal overlapped, writes
+        writes += 1
+        overlapped += in_flight > 0
+        real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChangelogReader, "fetch", fetch)
+    monkeypatch.setattr(PartitionStore, "write_raw", write_raw)
+    store = _open(tmp_path / "p1", topic)
+    try:
+        applied = await restore(store, TopicPartition(topic, 1), bootstrap=bootstrap, fetch_bytes=64 * 1024)
+        assert applied == 2000
+        assert writes > 3
+        assert overlapped >= writes - 1  # all but the last fetch had a successor in flight
+        every = {key: Entry.decode(value) for records in transactions for key, value in records}
+        assert store.get_many(list(every)) == every
+    finally:
+        store.close()

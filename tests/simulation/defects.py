@@ -78,8 +78,8 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
             (
                 "state/restore.py",
-                "            if start > end:\n",
-                "            if start > end:\n                return 0\n",
+                "    if start > end:\n",
+                "    if start > end:\n        return True\n",
             ),
         ],
     ),

@@ -29,6 +29,10 @@ KINDS = (
 STORM = (
     "fatal-storm"  # for a while every transaction's producer dies: partitions break and reopen over and over
 )
+STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
+    "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
+    "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,19 @@ def draw(rng: Random, *, window: float, workers: int, partitions: int, session_s
         elif kind == "refuse-outputs":
             faults.append(Fault(at, kind, 0, detail=rng.choice(("timestamps", "size"))))
     faults.sort(key=lambda f: f.at)
+    return faults
+
+
+def draw_standby(rng: Random, *, window: float, workers: int, standbys: int) -> list[Fault]:
+    """Up to two of :data:`STANDBY_KINDS` within ``window`` seconds (a promotion needs standbys)."""
+    faults: list[Fault] = []
+    for _ in range(rng.choice((0, 0, 1, 1, 2))):
+        kind = rng.choice(STANDBY_KINDS if standbys else ("leader-kill",))
+        at = rng.uniform(1.0, window)
+        if kind == "promote-mid-replay":
+            faults.append(Fault(at, kind, rng.randrange(workers), rng.uniform(3.0, 12.0), detail="crawl"))
+        else:
+            faults.append(Fault(at, kind, workers, rng.uniform(0.2, 8.0)))
     return faults
 
 

@@ -16,7 +16,7 @@ CASES = [
     (1, 0, "livelock"),  # refused outputs: abort, isolate, DLQ, refused again, forever
     (2, 0, "stripe:evt_0_19: 3 commands, expected 1"),  # one record dated ahead expires the seen-set
     (3, 5, "stripe:evt_5_20: 0 commands, expected 1"),  # a store ahead of its changelog trusted
-    (4, 257, "after it was fenced on it, without a new assignment"),  # a fenced zombie reopens as BROKEN
+    (4, 33, "after it was fenced on it, without a new assignment"),  # a fenced zombie reopens as BROKEN
     (6, 29, "as larger than its max.message.bytes"),  # batches larger than the topic takes
 ]
 

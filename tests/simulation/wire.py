@@ -26,6 +26,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol import admin as admin_protocol
 from aiokafka.protocol import commit, coordination, fetch, group, metadata, offset, produce, transaction
 
+from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from tests.simulation import broker as b
 from tests.simulation.loop import CURRENT
 from tests.simulation.records import decode_produced
@@ -69,6 +70,8 @@ class Network:
         self.spike_chance = 0.02  # a request that takes far longer (GC pause, slow disk, busy broker)
         self.requests = 0
         self.errors: list[str] = []  # the model's own failures (a bug of the simulation, not the worker)
+        #: slot name -> (until, (low, high)): the standby fetches of that worker's processes crawl until then
+        self.slow_standbys: dict[str, tuple[float, tuple[float, float]]] = {}
         #: encode and decode every request and response, as on the wire (slower; catches a response
         #: the model builds in a shape aiokafka would not read): ``SIM_STRICT_WIRE=1``
         self.strict = os.environ.get("SIM_STRICT_WIRE") == "1"
@@ -77,6 +80,15 @@ class Network:
         if self.rng.random() < self.spike_chance:
             return self.rng.uniform(0.05, 0.6)
         return self.rng.uniform(0.0001, 0.002)
+
+    def standby_crawl(self, conn: SimConnection) -> float:
+        """The extra latency of a request on a standby's connection of a worker whose standbys crawl."""
+        if conn.process is None or not conn.client_id.startswith(STANDBY_CLIENT_ID):
+            return 0.0
+        slow = self.slow_standbys.get(conn.process.name.split(".")[0])
+        if slow is None or self.broker.now() >= slow[0]:
+            return 0.0
+        return self.rng.uniform(*slow[1])
 
     async def connect(self, host: str, port: int, **options: Any) -> SimConnection:
         await asyncio.sleep(self.latency())
@@ -147,7 +159,7 @@ class SimConnection:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         self.network.requests += 1
-        delay = self.network.latency()
+        delay = self.network.latency() + self.network.standby_crawl(self)
         loop = self.network.broker.loop
         loop.call_later(delay, self._arrive, struct, future, context=contextvars.Context())
         if not expect_response:

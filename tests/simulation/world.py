@@ -30,6 +30,7 @@ from pipeline.kafka.admin import topic_specs
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import loop as loop_module
 from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
@@ -58,6 +59,7 @@ class Scenario:
     workload: Workload
     faults: list[Fault]
     small_limits: bool = False  # output topics made by hand with 4 KiB max.message.bytes
+    older: frozenset[str] = frozenset()  # slots running a worker from before standbys (roundrobin assignor)
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -96,12 +98,31 @@ class Scenario:
                 kind = rng.choice(("join", "leave", "crash"))
                 extra = Fault(at + rng.uniform(0.0, 5.0), kind, rng.randrange(workers), rng.uniform(1.0, 8.0))
                 faults = sorted([*faults, extra], key=lambda f: f.at)
-        return cls(seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits)
+        # drawn apart, so that the draws above stay what they were for every seed
+        apart = Random(seed ^ 0x57A2DB7)
+        standbys: int = apart.choice((0, 1, 1, 2))
+        settings["standby_replicas"] = standbys
+        faults = sorted(
+            faults
+            + fault_module.draw_standby(
+                apart, window=workload.duration + 5.0, workers=workers, standbys=standbys
+            ),
+            key=lambda f: f.at,
+        )
+        older = frozenset({"w0"}) if workers > 1 and apart.random() < 0.2 else frozenset()
+        return cls(
+            seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits, older
+        )
 
     def describe(self) -> str:
         lines = [
             f"seed {self.seed}: {self.workers} workers, broker {self.flavor}"
             + (", 4 KiB output topics" if self.small_limits else "")
+            + (
+                f", {', '.join(sorted(self.older))} on older code (roundrobin, no standbys)"
+                if self.older
+                else ""
+            )
             + f", settings {self.settings}",
             f"workload: {self.workload.describe()}",
             "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),
@@ -267,6 +288,8 @@ class World:
         root_logger.setLevel(logging.INFO)
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
         SimStore.faults = self.disk
+        real_consumer = loop_module.worker_consumer  # type: ignore[attr-defined]
+        loop_module.worker_consumer = self._consumer_of(real_consumer)  # type: ignore[attr-defined]
         random.seed(
             self.scenario.seed
         )  # aiokafka shuffles with the module's generator (fetches, node choice)
@@ -280,6 +303,7 @@ class World:
                     self.problems.extend(self._diagnose())
         finally:
             SimStore.faults = None
+            loop_module.worker_consumer = real_consumer  # type: ignore[attr-defined]
             root_logger.removeHandler(handler)
             root_logger.setLevel(saved_level)
             asyncio.set_event_loop(None)
@@ -294,6 +318,32 @@ class World:
             steps=self.loop.steps,
             counts=self.counts,
         )
+
+    def _owner_of(self, txn_id: str) -> Process | None:
+        """The process the stable group assigns ``txn_id``'s partition to (None while it rebalances)."""
+        group = self.broker.group(GROUP)
+        if group.state != "stable":
+            return None
+        topic, _, partition = txn_id.removeprefix(f"{APP}-{GROUP}-").rpartition("-")
+        for member in group.members.values():
+            if not member.assignment:
+                continue
+            assigned = ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions()
+            if TopicPartition(topic, int(partition)) in assigned:
+                return member.process  # type: ignore[no-any-return]
+        return None
+
+    def _consumer_of(self, real: Any) -> Any:
+        """The worker's consumer, but for the slots on older code: aiokafka's roundrobin assignor alone, what
+        workers before standbys offer (their metadata carries no stores; they ignore standby assignments)."""
+
+        def consumer(settings: WorkerSettings, *, assignor: Any = None) -> Any:
+            process = CURRENT.get()
+            if process is not None and process.name.split(".")[0] in self.scenario.older:
+                assignor = None
+            return real(settings, assignor=assignor)
+
+        return consumer
 
     def _release(self) -> None:
         """Close what the run left open (stores of processes still alive), then drop the loop."""
@@ -495,9 +545,15 @@ class World:
                 self.broker.topics[topics.commands].config.max_message_bytes = 700
                 self.broker.topics[topics.commands].reconfigured = True
             return
+        if kind == "leader-kill":
+            await self._kill_leader_mid_rebalance(fault)
+            return
         if fault.target >= len(self.slots):
             return
         slot = self.slots[fault.target]
+        if kind == "promote-mid-replay":
+            await self._promote_mid_replay(slot, fault)
+            return
         process = slot.process
         if kind == "disk":
             self.disk.arm(slot.name, fault.detail, fault.steps)
@@ -516,26 +572,84 @@ class World:
             self.loop.resume(process)
             self.note(f"{process.name} SIGCONT")
         elif kind == "leave":
-            slot.wanted = False
-            worker = slot.worker
-            if worker is not None:
-                worker.stop()
-            self.note(f"{process.name} SIGTERM")
-            await asyncio.sleep(fault.duration)
-            if process.alive:  # still stopping: it commits what is open, once the broker answers
-                await self._stopped(process, limit=STOP_LIMIT_S)
-                if process.alive:
-                    self.problems.append(
-                        f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM (with the broker up)"
-                    )
-                    self.problems.extend(self.loop.stacks(process)[:12])
-                    self._crash(process)
-            slot.wanted = True
-            self._start(slot)
+            await self._leave(slot, process, fault.duration)
         elif kind == "foreign-store":
             self._crash(process)
             self._plant_foreign_store(slot, fault.detail)
             await self._restart_later(slot, process, fault.duration)
+
+    async def _kill_leader_mid_rebalance(self, fault: Fault) -> None:
+        """A worker joins (a rebalance); the group's leader is SIGKILLed once JoinGroup has answered and
+        before its SyncGroup has (while it makes the assignment), and started again later."""
+        slot = Slot(len(self.slots), self.root / f"w{len(self.slots)}")
+        self.slots.append(slot)
+        self._start(slot)
+        group = self.broker.group(GROUP)
+        deadline = self.loop.time() + 30.0
+        while self.loop.time() < deadline:
+            leader = group.members.get(group.leader or "")
+            if group.state == "completing" and leader is not None and leader.process is not None:
+                victim = next((s for s in self.slots if s.process is leader.process), None)
+                if victim is not None and victim.process is not None and victim.process.alive:
+                    self.note(
+                        f"{victim.process.name} is the group's leader, planning generation {group.generation}"
+                    )
+                    process = victim.process
+                    self._crash(process)
+                    await self._restart_later(victim, process, fault.duration)
+                    return
+            await asyncio.sleep(0.0005)
+        self.note("leader-kill: no rebalance to kill the leader in")
+
+    async def _promote_mid_replay(self, slot: Slot, fault: Fault) -> None:
+        """The slot's standby requests crawl (0.5-3 s each) from now to 15 s past the fault's duration; once a
+        round of one of its standbys is in flight (behind, if records came), the owner of that partition leaves
+        (SIGTERM, started again 2 s later), so that the rebalance promotes the standby mid-round."""
+        process, worker = slot.process, slot.worker
+        if process is None or not process.alive or worker is None:
+            return
+        self.network.slow_standbys[slot.name] = (self.loop.time() + fault.duration + 15.0, (0.5, 3.0))
+        await asyncio.sleep(1.0)
+        held = sorted(worker.standby_partitions()) if slot.worker is worker else []
+        if not held:
+            self.note(f"promote-mid-replay: {slot.name} keeps no standby")
+            return
+        tp = held[0]
+        name = f"{tp.topic}-{tp.partition}"
+        deadline = self.loop.time() + fault.duration
+        while self.loop.time() < deadline and slot.worker is worker and slot.running:
+            standby = worker.health()[1].get("standby", {}).get(name, {})
+            behind = standby.get("lag_records") or self.loop.time() > deadline - fault.duration / 2
+            if standby.get("replaying") and behind:
+                break  # a round (with records to replay, if any came) waits on a crawling request
+            await asyncio.sleep(0.01)
+        owner_process = self._owner_of(f"{APP}-{GROUP}-{tp.topic}-{tp.partition}")
+        owner = next((s for s in self.slots if s.process is not None and s.process is owner_process), None)
+        if owner is None or owner is slot or owner.worker is None or owner_process is None:
+            self.note(f"promote-mid-replay: no owner of {tp.topic}-{tp.partition} to take it from")
+            return
+        self.note(
+            f"promote-mid-replay: {owner_process.name} leaves {tp.topic}-{tp.partition} to {slot.name}'s standby"
+        )
+        await self._leave(owner, owner_process, 2.0)
+
+    async def _leave(self, slot: Slot, process: Process, duration: float) -> None:
+        """SIGTERM, and a start again ``duration`` later once it has stopped (a rolling restart)."""
+        slot.wanted = False
+        if slot.worker is not None:
+            slot.worker.stop()
+        self.note(f"{process.name} SIGTERM")
+        await asyncio.sleep(duration)
+        if process.alive:  # still stopping: it commits what is open, once the broker answers
+            await self._stopped(process, limit=STOP_LIMIT_S)
+            if process.alive:
+                self.problems.append(
+                    f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM (with the broker up)"
+                )
+                self.problems.extend(self.loop.stacks(process)[:12])
+                self._crash(process)
+        slot.wanted = True
+        self._start(slot)
 
     async def _restart_later(self, slot: Slot, process: Process, delay: float) -> None:
         if slot.process is process:

@@ -506,6 +506,14 @@ def test_statefulset_keeps_worker_state_on_a_volume_claim(monkeypatch: pytest.Mo
     assert pod["spec"]["securityContext"]["fsGroup"] == pod["spec"]["securityContext"]["runAsUser"]
 
 
+def test_the_statefulset_keeps_one_standby_of_each_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Kubernetes workers run with one standby replica (the default elsewhere is none), on more than one pod."""
+    sts = _k8s("StatefulSet", "pipeline-worker")
+    assert _k8s_args(sts, monkeypatch).standby_replicas == 1
+    assert _parse(["worker"], {}, monkeypatch).standby_replicas == 0
+    assert sts["spec"]["replicas"] >= 2, "a standby needs a second pod"
+
+
 def test_the_worker_http_server_listens_where_it_is_probed_and_scraped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

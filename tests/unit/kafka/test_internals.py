@@ -13,9 +13,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
-from aiokafka.errors import GroupAuthorizationFailedError, ProducerFenced
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    ProducerFenced,
+    RequestTimedOutError,
+    UnknownMemberIdError,
+)
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.transaction_manager import TransactionState
+from aiokafka.protocol.group import HeartbeatRequest
 
 from pipeline.kafka import internals
 
@@ -190,3 +196,56 @@ async def test_a_dead_producers_begin_raises_what_dead_producer_errors_names() -
             manager.begin_transaction()
     finally:
         await producer.stop()
+
+
+async def test_generation_current_asks_the_coordinator_with_its_own_generation() -> None:
+    """A Heartbeat with the coordinator's group, generation and member id: no error is True; an error is False and asks
+    for a rejoin; no coordinator known, or a failed request, is None."""
+    sent: list[Any] = []
+    rejoined: list[bool] = []
+    answer: list[Any] = [SimpleNamespace(error_code=0)]
+
+    async def send_req(request: Any) -> Any:
+        sent.append(request)
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        return answer[0]
+
+    coordinator = SimpleNamespace(
+        coordinator_id=0,
+        group_id="g",
+        generation=7,
+        member_id="m-1",
+        _send_req=send_req,
+        request_rejoin=lambda: rejoined.append(True),
+    )
+    consumer: Any = SimpleNamespace(_coordinator=coordinator)
+    assert await internals.generation_current(consumer) is True
+    assert isinstance(sent[0], HeartbeatRequest)
+    assert (sent[0]._group, sent[0]._generation_id, sent[0]._member_id) == ("g", 7, "m-1")
+    answer[0] = SimpleNamespace(error_code=UnknownMemberIdError.errno)
+    assert await internals.generation_current(consumer) is False
+    assert rejoined == [True]
+    answer[0] = RequestTimedOutError()
+    assert await internals.generation_current(consumer) is None
+    coordinator.coordinator_id = None
+    assert await internals.generation_current(consumer) is None
+    assert await internals.generation_current(SimpleNamespace(_coordinator=None)) is None
+
+
+def test_aiokafkas_coordinator_has_what_generation_current_reads() -> None:
+    """The coordinator's fields and its request helper are where generation_current looks (aiokafka 0.14)."""
+    source = inspect.getsource(GroupCoordinator)
+    for name in (
+        "self.generation",
+        "self.member_id",
+        "self.coordinator_id",
+        "async def _send_req(self, request)",
+    ):
+        assert name in source, name
+    assert (
+        inspect.getsource(GroupCoordinator._do_heartbeat).count(
+            "HeartbeatRequest(self.group_id, self.generation, self.member_id)"
+        )
+        == 1
+    )

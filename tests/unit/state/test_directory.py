@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import StateDirInUseError, StoreIdentityError
+from pipeline.errors import StateDirInUseError, StoreError, StoreIdentityError
 from pipeline.state import directory
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget
@@ -173,3 +173,50 @@ def test_the_worker_command_refuses_a_busy_state_dir_in_one_line_before_reaching
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "in use by another worker" in result.stderr
+
+
+async def test_a_standby_takes_the_budget_only_when_no_restore_waits() -> None:
+    """A restore waiting for the budget goes before a standby that asked earlier: a partition to serve never waits behind a copy."""
+    budget = RestoreBudget(64)
+    order: list[str] = []
+    first = budget.hold(64)
+    await first.__aenter__()
+
+    async def take(name: str, *, urgent: bool) -> None:
+        async with budget.hold(64, urgent=urgent):
+            order.append(name)
+
+    standby = asyncio.ensure_future(take("standby", urgent=False))
+    await asyncio.sleep(0)
+    restore = asyncio.ensure_future(take("restore", urgent=True))
+    await asyncio.sleep(0)
+    await first.__aexit__(None, None, None)
+    await asyncio.gather(standby, restore)
+    assert order == ["restore", "standby"]
+
+
+def test_a_store_reopened_to_be_served_keeps_what_it_followed(tmp_path: Path) -> None:
+    """A store opened to follow its changelog takes raw writes but refuses lookups; reopened served, it has them all."""
+    path = tmp_path / "s"
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS, follow=True)
+    entry = Entry(first_seen=1, expires_at=HOUR, partition=0, offset=5)
+    store.write_raw([(b"k", entry.encode(), entry.expires_at)], changelog_offset=3, stream_time=1)
+    with pytest.raises(StoreError, match="follow"):
+        store.get_many([b"k"])
+    served = directory.reopen(store, identity=OURS, follow=False)
+    try:
+        assert store.closed
+        assert not served.follow
+        assert served.get_many([b"k"]) == {b"k": entry}
+        assert served.changelog_offset == 3
+    finally:
+        served.close()
+
+
+def test_reopening_checks_the_identity_again(tmp_path: Path) -> None:
+    """A store reopened for another identity is refused, as at any open."""
+    path = tmp_path / "s"
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS, follow=True)
+    with pytest.raises(StoreIdentityError):
+        directory.reopen(store, identity=OURS._replace(partition=3), follow=False)
+    assert store.closed

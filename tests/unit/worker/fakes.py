@@ -33,6 +33,7 @@ from aiokafka.structs import ConsumerRecord
 
 from pipeline import topology as topology_module
 from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.kafka import internals
 from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.worker import loop as loop_module
@@ -516,7 +517,12 @@ def install(
     clients = Clients(producers or ProducerFactory(), restore or Restore(), consumer or FakeConsumer())
     monkeypatch.setattr(partition_module, "transactional_producer", clients.producers)
     monkeypatch.setattr(partition_module, "restore", clients.restore)
-    monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings: clients.consumer)
+    monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings, **_kwargs: clients.consumer)
+
+    async def member(_consumer: Any) -> bool:
+        return True  # the fake group never drops a member
+
+    monkeypatch.setattr(internals, "generation_current", member)
 
     async def topic_layout(_bootstrap: str, topology: Any) -> TopicLayout:
         names = [*outputs().partitions]
@@ -544,9 +550,11 @@ def make_partition(
     partition: int = 0,
     limits: dict[str, int] | None = None,
     seeks: list[tuple[TopicPartition, int]] | None = None,
+    member: Any = None,
     **overrides: Any,
 ) -> Partition:
-    """A :class:`Partition` of the default topology's input topic (not opened)."""
+    """A :class:`Partition` of the default topology's input topic (not opened); ``member`` is the
+    group membership check (none by default)."""
     seen = seeks if seeks is not None else []
     context = PartitionContext(
         settings=settings(state_dir, **overrides),
@@ -556,6 +564,7 @@ def make_partition(
         metrics=WorkerMetrics.create(),
         cluster="fake-cluster",
         topic_ids={TOPICS.changelog: "changelog-id", TOPICS.effects_changelog: "effects-changelog-id"},
+        member=member,
     )
     return Partition(
         tp(partition),

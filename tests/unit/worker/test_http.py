@@ -9,6 +9,7 @@ from aiohttp import web
 
 from pipeline.errors import ConfigError
 from pipeline.worker import http as worker_http
+from pipeline.worker.health import partition_health
 
 
 async def test_a_metrics_port_already_taken_is_a_config_error_in_one_line() -> None:
@@ -28,3 +29,20 @@ async def test_a_free_port_serves() -> None:
         assert len(runner.sites) == 1
     finally:
         await runner.cleanup()
+
+
+def test_a_standby_behind_is_reported_and_never_makes_the_worker_unhealthy() -> None:
+    """/healthz lists each standby with its lag; a copy thousands of records behind is slower failover, not unhealth."""
+    standbys = {
+        "raw-1": {
+            "state": "following",
+            "replaying": True,
+            "position": 9,
+            "lag_records": 5000,
+            "lag_seconds": 42.0,
+        }
+    }
+    healthy, detail = partition_health([], {}, failed=False, standbys=standbys)
+    assert healthy
+    assert detail["standby"] == standbys
+    assert partition_health([], {}, failed=False)[1].get("standby") is None

@@ -7,23 +7,30 @@ import itertools
 import pytest
 
 from pipeline.errors import IllegalTransitionError
-from pipeline.worker.lifecycle import SERVING, TRANSITIONS, Lifecycle, PartitionState
+from pipeline.worker.lifecycle import (
+    SERVING,
+    STANDBY_TRANSITIONS,
+    TRANSITIONS,
+    Lifecycle,
+    PartitionState,
+    StandbyState,
+)
 
 S = PartitionState
 EDGES = [(a, b) for a in S for b in sorted(TRANSITIONS[a])]
 NON_EDGES = [(a, b) for a, b in itertools.product(S, S) if b not in TRANSITIONS[a]]
 
 
-def _at(state: PartitionState) -> Lifecycle:
+def _at(state: PartitionState) -> Lifecycle[PartitionState]:
     """A lifecycle in ``state`` (set directly: reaching it is what the other tests check)."""
-    life = Lifecycle("raw-0")
+    life = Lifecycle.partition("raw-0")
     life.state = state
     return life
 
 
 def test_a_partition_starts_opening() -> None:
     """A new lifecycle is OPENING, not serving and not closed."""
-    life = Lifecycle("raw-0")
+    life = Lifecycle.partition("raw-0")
     assert life.state is S.OPENING
     assert not life.serving
     assert not life.closed
@@ -75,7 +82,7 @@ def test_broken_and_fenced_only_close() -> None:
 
 def test_the_happy_path_opens_restores_serves_and_commits() -> None:
     """OPENING → RESTORING → READY ⇄ COMMITTING → CLOSED is a legal life."""
-    life = Lifecycle("raw-0")
+    life = Lifecycle.partition("raw-0")
     for target in (S.RESTORING, S.READY, S.COMMITTING, S.READY, S.COMMITTING, S.READY, S.CLOSED):
         life.move(target)
     assert life.closed
@@ -104,3 +111,38 @@ def test_each_move_records_when_the_state_was_entered_and_a_refused_move_does_no
     with pytest.raises(IllegalTransitionError):
         life.move(S.RESTORING)
     assert life.since == entered
+
+
+STANDBY_EDGES = [(a, b) for a in StandbyState for b in sorted(STANDBY_TRANSITIONS[a])]
+STANDBY_NON_EDGES = [
+    (a, b) for a, b in itertools.product(StandbyState, StandbyState) if b not in STANDBY_TRANSITIONS[a]
+]
+
+
+@pytest.mark.parametrize(("source", "target"), STANDBY_EDGES, ids=[f"{a}->{b}" for a, b in STANDBY_EDGES])
+def test_every_edge_of_the_standby_table_is_allowed(source: StandbyState, target: StandbyState) -> None:
+    """Each transition of a standby's table moves it to its target."""
+    life = Lifecycle.standby("raw-0")
+    life.state = source
+    life.move(target)
+    assert life.state is target
+
+
+@pytest.mark.parametrize(
+    ("source", "target"), STANDBY_NON_EDGES, ids=[f"{a}->{b}" for a, b in STANDBY_NON_EDGES]
+)
+def test_every_other_standby_transition_raises(source: StandbyState, target: StandbyState) -> None:
+    """A standby transition its table lacks raises IllegalTransitionError and changes nothing."""
+    life = Lifecycle.standby("raw-0")
+    life.state = source
+    with pytest.raises(IllegalTransitionError):
+        life.move(target)
+    assert life.state is source
+
+
+def test_a_standby_never_serves_and_closed_is_final() -> None:
+    """A standby starts OPENING, is never serving in any state, and CLOSED leads nowhere."""
+    life = Lifecycle.standby("raw-0")
+    assert life.state is StandbyState.OPENING
+    assert SERVING.isdisjoint(StandbyState)
+    assert STANDBY_TRANSITIONS[StandbyState.CLOSED] == frozenset()

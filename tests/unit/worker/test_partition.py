@@ -557,6 +557,49 @@ async def test_a_failing_producer_start_is_retried_and_a_new_producer_made_each_
     await part.close(commit=False)
 
 
+async def test_no_producer_starts_until_the_group_confirms_this_worker_is_a_member(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker the group may have dropped (an outage, a pause) starts no producer, which would fence the partition's
+    new assignee, until the coordinator confirms its generation; opening retries meanwhile."""
+    made: list[FakeProducer] = []
+    answers = [False, None, True]
+    asked = 0
+
+    async def member() -> bool | None:
+        nonlocal asked
+        asked += 1
+        return answers.pop(0)
+
+    install(monkeypatch, producers=ProducerFactory(made.append))
+    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
+    part = make_partition(tmp_path, open_timeout=5.0, member=member)
+    await part.open()
+    assert part.state is S.READY
+    assert asked == 3
+    assert len(made) == 1  # started once, after the group said yes
+    await part.close(commit=False)
+
+
+async def test_a_worker_the_group_never_confirms_gives_up_the_partition_without_a_producer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the coordinator keeps answering that this worker is not a member, the partition closes unserved
+    after open_timeout and no producer was ever started."""
+    made: list[FakeProducer] = []
+
+    async def member() -> bool:
+        return False
+
+    install(monkeypatch, producers=ProducerFactory(made.append))
+    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
+    part = make_partition(tmp_path, open_timeout=0.2, member=member)
+    with pytest.raises(PartitionUnservedError, match="does not confirm"):
+        await part.open()
+    assert part.state is S.CLOSED
+    assert made == []
+
+
 async def test_close_without_commit_after_an_exception_aborts_and_never_commits(
     open_partition: Opener,
 ) -> None:

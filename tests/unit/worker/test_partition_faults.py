@@ -98,6 +98,26 @@ async def test_a_record_whose_outputs_are_refused_for_their_timestamp_is_redone_
     )  # the refused batch broke the producer's sequence: replaced
 
 
+async def test_a_producer_is_not_replaced_by_a_worker_the_group_no_longer_confirms(
+    open_partition: Opener,
+) -> None:
+    """After a refused batch, a worker the coordinator no longer counts a member starts no new producer (which would
+    fence the partition's new assignee): the partition is BROKEN, for the loop to close."""
+    answers = [True]  # the open is confirmed; nothing after it
+
+    async def member() -> bool:
+        return answers.pop(0) if answers else False
+
+    h = await open_partition(member=member)
+    now_ms = int(time.time() * 1000)
+    h.producer.fail_send_if = _refuse_timestamps_after(now_ms + 3_600_000)
+    h.part.feed([record(10, K[0], timestamp=now_ms + 60 * 86_400_000)])
+    await h.part.work()
+    await h.part.commit()
+    assert h.part.state is S.BROKEN
+    assert h.producer.made_after_start() == []
+
+
 async def test_topics_bounds_known_at_start_stamp_outputs_now_without_a_refusal(
     open_partition: Opener,
 ) -> None:

@@ -62,6 +62,8 @@ def test_settings_are_immutable() -> None:
         ({"fetch_max_bytes": 1024}, "fetch max bytes"),
         ({"max_partition_fetch_bytes": 2 * 1024**3}, "max partition fetch bytes"),
         ({"restore_fetch_bytes": 0}, "restore fetch bytes"),
+        ({"standby_replicas": -1}, "standby replicas"),
+        ({"standby_replicas": 9}, "standby replicas"),
         ({"store_lock_wait": 0.0}, "store lock wait"),
         ({"open_timeout": -1.0}, "open timeout"),
         ({"stuck_after": 86_401.0}, "stuck after"),

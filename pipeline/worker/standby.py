@@ -1,0 +1,210 @@
+"""One standby replica: a warm copy of a partition another worker serves, tailing its changelog.
+
+A standby opens the partition's store where a served partition would (same
+path, same identity checks: a store of another changelog is rebuilt, one under
+another name is refused and left alone), to follow its changelog, and replays
+the changelog read_committed into it in rounds
+(:func:`pipeline.state.restore.catch_up`), each to the end the changelog has when
+the round starts, then waits :data:`POLL_S` when it had nothing to do. It
+writes through the same code as a restore, and nothing else: it never emits,
+never commits offsets and never starts a producer (it has none).
+
+What fails is retried: the store is closed, and opened again after a pause
+that doubles up to :data:`RETRY_MAX_S`; a standby never stops the worker. When
+the group makes the partition this worker's to serve, the standby is closed
+first (:meth:`Standby.close`) and the partition opens the same store, fences
+the previous owner and replays only what the standby had not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline.errors import (
+    BrokerUnavailableError,
+    StoreError,
+    StoreIdentityError,
+    StoreStaleError,
+)
+from pipeline.kafka.changelog import ChangelogReader
+from pipeline.state import directory
+from pipeline.state.restore import RestoreBudget, catch_up
+from pipeline.state.store import PartitionStore
+from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker.lifecycle import Lifecycle, StandbyState
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5  # a standby level with its changelog looks for more this often
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
+RETRIED = (StoreError, KafkaError, BrokerUnavailableError, OSError)
+
+State = StandbyState
+
+
+class Standby:
+    """A standby copy of ``tp``'s store, from OPENING to CLOSED (:mod:`pipeline.worker.lifecycle`)."""
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        *,
+        changelog: TopicPartition,
+        identity: StoreIdentity,
+        path: Path,
+        bucket_ms: int,
+        reader: Callable[[], Awaitable[ChangelogReader]],
+        budget: RestoreBudget | None = None,
+        opener: directory.StoreOpener = PartitionStore.open,
+        on_applied: Callable[[int], None] | None = None,
+    ) -> None:
+        self.tp = tp
+        self.name = f"{tp.topic}-{tp.partition}"
+        self.changelog = changelog
+        self.identity = identity
+        self.path = path
+        self.bucket_ms = bucket_ms
+        self._reader = reader  # the worker's shared changelog reader, started on first use
+        self._budget = budget
+        self._opener = opener
+        self._on_applied = on_applied  # told how many records each round replayed (a metric)
+        self.lifecycle = Lifecycle.standby(self.name)
+        self.store: PartitionStore | None = None
+        self.position = -1  # the changelog offset the store reflects
+        self.end: int | None = None  # the changelog's end (last stable offset) at the last round
+        self.started_at = time.monotonic()
+        self.level_at: float | None = None  # when the store was last level with its changelog
+        self.applied = 0  # records replayed since this standby started
+        self.replaying = False  # a round is replaying (closing now stops it between two writes)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> StandbyState:
+        """The lifecycle state."""
+        return self.lifecycle.state
+
+    @property
+    def lag_records(self) -> int | None:
+        """Changelog records the copy is behind, as of the last round (None before the first)."""
+        if self.end is None:
+            return None
+        return max(self.end - (self.position + 1), 0)
+
+    def lag_seconds(self, now: float) -> float:
+        """How long since the copy was last level with its changelog (0 when it is)."""
+        if self.lag_records == 0:
+            return 0.0
+        return now - (self.level_at if self.level_at is not None else self.started_at)
+
+    def describe(self, now: float) -> dict[str, object]:
+        """What ``/healthz`` and ``/partitions`` say about this standby."""
+        return {
+            "state": self.state.value,
+            "replaying": self.replaying,
+            "position": self.position,
+            "lag_records": self.lag_records,
+            "lag_seconds": round(self.lag_seconds(now), 3),
+        }
+
+    def start(self) -> None:
+        """Begin following the changelog in the background."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"standby {self.name}")
+
+    async def close(self) -> int:
+        """Stop following and close the store (its lock released); returns the changelog offset it reflects."""
+        task, self._task = self._task, None
+        if task is not None:
+            if self.replaying:
+                log.info(
+                    "standby %s: stopped in the middle of a round, at changelog offset %s",
+                    self.name,
+                    self.store.changelog_offset if self.store is not None else self.position,
+                )
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._close_store()
+        if not self.lifecycle.closed:
+            self.lifecycle.move(State.CLOSED)
+        return self.position
+
+    async def _run(self) -> None:
+        backoff = RETRY_FIRST_S
+        while True:
+            try:
+                await self._round()
+                backoff = RETRY_FIRST_S
+            except StoreIdentityError as exc:  # someone else's store: never touched
+                log.warning("standby %s: %s; keeping no standby of it", self.name, exc)
+                self._close_store()
+                self.lifecycle.move(State.CLOSED)
+                return
+            except RETRIED as exc:
+                log.warning("standby %s: %s; trying again in %.0fs", self.name, exc, backoff)
+                self._close_store()
+                if self.state is State.FOLLOWING:
+                    self.lifecycle.move(State.OPENING)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+
+    async def _round(self) -> None:
+        """Replay the changelog to the end it has now; wait when there was nothing to replay."""
+        store = self._open()
+        self.replaying = True
+        try:
+            applied, self.end = await catch_up(
+                store, self.changelog, reader=await self._reader(), budget=self._budget
+            )
+        except StoreStaleError as exc:  # ahead of its changelog: a cache of another log
+            self._rebuild(str(exc))
+            return
+        finally:
+            self.replaying = False
+        self.position = store.changelog_offset
+        self.applied += applied
+        if applied and self._on_applied is not None:
+            self._on_applied(applied)
+        if self.position + 1 >= self.end:
+            self.level_at = time.monotonic()
+        if applied == 0:
+            await asyncio.sleep(POLL_S)
+
+    def _open(self) -> PartitionStore:
+        """The store, opened to follow its changelog (OPENING → FOLLOWING) unless it is open already."""
+        if self.store is not None:
+            return self.store
+        self.store = directory.open_store(
+            self.path, bucket_ms=self.bucket_ms, identity=self.identity, opener=self._opener, follow=True
+        )
+        self.position = self.store.changelog_offset
+        if self.state is State.OPENING:
+            self.lifecycle.move(State.FOLLOWING)
+        log.info("standby %s: following %s from offset %s", self.name, self.changelog, self.position + 1)
+        return self.store
+
+    def _rebuild(self, why: str) -> None:
+        store = self.store
+        if store is None:
+            return
+        self.store = None
+        self.store = directory.rebuild(store, identity=self.identity, why=why, opener=self._opener)
+        self.position = self.store.changelog_offset
+
+    def _close_store(self) -> None:
+        store, self.store = self.store, None
+        if store is None:
+            return
+        self.position = max(self.position, store.changelog_offset)
+        try:
+            store.close()
+        except StoreError as exc:
+            log.warning("standby %s: %s", self.name, exc)

@@ -1,0 +1,190 @@
+"""A worker's standby replicas, and what it tells its group about the stores it holds.
+
+:class:`StandbyReplicas` owns the worker's :class:`~pipeline.worker.assignor.StandbyAssignor`
+(the consumer is built with it), the positions it reports, and the
+:class:`~pipeline.worker.standby.Standby` copies the group's leader gave this worker:
+
+- at start, the stores already on this worker's disk are read once for their
+  changelog positions (:func:`pipeline.state.directory.stored_positions`), so a
+  restarted worker claims what it still holds;
+- on each assignment (:meth:`StandbyReplicas.assigned`, before any partition
+  opens) a standby of a partition now served here is closed first: the
+  partition then opens the same store, fences the previous owner and replays
+  only what the standby had not (a *promotion*); standbys no longer given are
+  closed, new ones start;
+- all standbys share one changelog reader (one consumer's connections) and the
+  worker's restore budget, behind any restore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from aiokafka import TopicPartition
+
+from pipeline.kafka.changelog import ChangelogReader
+from pipeline.kafka.clients import STANDBY_CLIENT_ID
+from pipeline.state import directory
+from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker.assignor import Held, StandbyAssignor
+from pipeline.worker.partition import PartitionContext
+from pipeline.worker.standby import Standby
+
+log = logging.getLogger(__name__)
+
+Positions = Callable[[], Mapping[TopicPartition, int]]  # the served partitions' store positions now
+OBSERVE_EVERY = 1.0  # seconds between two settings of the standby gauges
+
+
+class StandbyReplicas:
+    """The standbys of one worker, and the positions it claims in its JoinGroup metadata."""
+
+    def __init__(
+        self, context: PartitionContext, changelogs: Mapping[str, str], served_positions: Positions
+    ) -> None:
+        self.context = context
+        self.settings = context.settings.for_topology(context.topology.app)
+        self._changelogs = dict(changelogs)  # consumed topic -> its changelog topic
+        self._served_positions = served_positions
+        self.known: dict[TopicPartition, int] = {}  # last position of every store on this worker's disk
+        self.served: frozenset[TopicPartition] = frozenset()  # assigned in the last generation
+        self.held: dict[TopicPartition, Standby] = {}
+        self.assignor = StandbyAssignor(replicas=self.settings.standby_replicas, held=self.claim)
+        self._reader: ChangelogReader | None = None
+        self._reader_lock = asyncio.Lock()
+        self._observed: set[TopicPartition] = set()  # standbys whose gauges are set
+        self._observed_at = 0.0
+
+    def scan(self) -> None:
+        """Learn the positions of the stores already on disk (once, at start: each is opened and closed)."""
+        topology = self.context.topology
+        self.known.update(
+            directory.stored_positions(
+                self.settings.state_dir,
+                topology,
+                self.settings.group,
+                {topic: self.identity(TopicPartition(topic, 0)) for topic in self._changelogs},
+                opener=self.context.open_store,
+            )
+        )
+        if self.known:
+            log.info(
+                "stores on disk: %s",
+                ", ".join(f"{tp.topic}-{tp.partition} at {o}" for tp, o in sorted(self.known.items())),
+            )
+
+    def claim(self) -> Held:
+        """What this worker holds, for the assignor's metadata."""
+        positions = dict(self.known)
+        for tp, standby in self.held.items():
+            positions[tp] = max(standby.position, positions.get(tp, -1))
+        positions.update(self._served_positions())
+        return Held(positions, self.served)
+
+    def identity(self, tp: TopicPartition) -> StoreIdentity:
+        """The identity of ``tp``'s store (as a served partition's)."""
+        return self.context.identity(tp, TopicPartition(self._changelogs[tp.topic], tp.partition))
+
+    def remember(self, tp: TopicPartition, position: int | None) -> None:
+        """A served partition closed with its store at ``position``."""
+        if position is not None:
+            self.known[tp] = position
+
+    async def assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        """Apply a new assignment: promote (close) standbys of partitions now served here, drop the
+        standbys no longer given, start the new ones."""
+        active = frozenset(assigned)
+        self.served = active
+        wanted = {tp for tp in self.assignor.standbys - active if tp.topic in self._changelogs}
+        for tp in sorted(set(self.held) & active):
+            standby = self.held.pop(tp)
+            lag = standby.lag_records
+            position = self.known[tp] = await standby.close()
+            log.info(
+                "%s: promoted from standby at changelog offset %s (%s records behind at its last round)",
+                standby.name,
+                position,
+                "?" if lag is None else lag,
+            )
+        for tp in sorted(set(self.held) - wanted):
+            standby = self.held.pop(tp)
+            self.known[tp] = await standby.close()
+            log.info("standby %s: no longer held here", standby.name)
+        for tp in sorted(wanted - set(self.held)):
+            self.held[tp] = self._start(tp)
+        if wanted:
+            log.info("standbys: %s", [f"{tp.topic}-{tp.partition}" for tp in sorted(wanted)])
+
+    def _start(self, tp: TopicPartition) -> Standby:
+        standby = Standby(
+            tp,
+            changelog=TopicPartition(self._changelogs[tp.topic], tp.partition),
+            identity=self.identity(tp),
+            path=directory.store_path(
+                self.settings.state_dir, self.context.topology, self.settings.group, tp
+            ),
+            bucket_ms=directory.topology_bucket_ms(self.context.topology),
+            reader=self.reader,
+            budget=self.context.budget,
+            opener=self.context.open_store,
+            on_applied=self.context.metrics.standby_records.inc,
+        )
+        standby.start()
+        return standby
+
+    async def reader(self) -> ChangelogReader:
+        """The changelog reader the standbys share, started on first use (aiokafka's ``KafkaError``
+        when the broker cannot be reached: the standby tries again later)."""
+        async with self._reader_lock:
+            if self._reader is None:
+                reader = ChangelogReader(
+                    self.settings.bootstrap,
+                    fetch_bytes=self.settings.restore_fetch_bytes,
+                    client_id=STANDBY_CLIENT_ID,
+                )
+                try:
+                    await reader.start()
+                except BaseException:
+                    await reader.stop()
+                    raise
+                self._reader = reader
+            return self._reader
+
+    def describe(self) -> dict[str, dict[str, object]]:
+        """Each standby (``<topic>-<partition>``): its state, position and lag, for ``/healthz`` and ``/partitions``."""
+        now = time.monotonic()
+        return {standby.name: standby.describe(now) for _tp, standby in sorted(self.held.items())}
+
+    def observe(self) -> None:
+        """Set the standby gauges (at most every :data:`OBSERVE_EVERY` seconds): each standby's lag in
+        records and seconds; the gauges of a standby no longer held are removed."""
+        now = time.monotonic()
+        if now - self._observed_at < OBSERVE_EVERY:
+            return
+        self._observed_at = now
+        metrics = self.context.metrics
+        metrics.standby_partitions.set(len(self.held))
+        for tp in self._observed - set(self.held):
+            for gauge in (metrics.standby_lag_records, metrics.standby_lag_seconds):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(tp.topic, str(tp.partition))
+        for tp, standby in self.held.items():
+            labels = (tp.topic, str(tp.partition))
+            lag = standby.lag_records
+            if lag is not None:
+                metrics.standby_lag_records.labels(*labels).set(lag)
+            metrics.standby_lag_seconds.labels(*labels).set(standby.lag_seconds(now))
+        self._observed = set(self.held)
+
+    async def close(self) -> None:
+        """Close every standby and the shared reader."""
+        held, self.held = self.held, {}
+        for tp, standby in held.items():
+            self.known[tp] = await standby.close()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.stop()

@@ -1,0 +1,165 @@
+"""The leader's plan: balanced actives on the most current copies, sticky, standbys spread and never beside their active."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from aiokafka import TopicPartition
+
+from pipeline.worker.assignment import Claim, Plan, plan
+
+TOPIC = "raw"
+SUB = frozenset({TOPIC})
+
+
+def _tps(n: int) -> list[TopicPartition]:
+    return [TopicPartition(TOPIC, p) for p in range(n)]
+
+
+def _check_invariants(plans: dict[str, Plan], partitions: int, replicas: int) -> None:
+    actives = [tp for p in plans.values() for tp in p.active]
+    assert sorted(actives) == _tps(partitions)  # every partition served exactly once
+    counts = [len(p.active) for p in plans.values()]
+    assert max(counts) - min(counts) <= 1  # balanced
+    for name, p in plans.items():
+        assert not set(p.active) & set(p.standby), f"{name} holds a standby of its own active"
+        assert len(set(p.standby)) == len(p.standby)
+    copies = Counter(tp for p in plans.values() for tp in p.standby)
+    assert all(copies[tp] == min(replicas, len(plans) - 1) for tp in _tps(partitions))
+
+
+def test_a_fresh_group_is_spread_round_robin_with_one_standby_each() -> None:
+    """Three members holding nothing: two partitions each, and each partition's standby on another member."""
+    plans = plan(_tps(6), {m: Claim(SUB) for m in ("a", "b", "c")}, replicas=1)
+    _check_invariants(plans, 6, 1)
+    assert [len(p.standby) for p in plans.values()] == [2, 2, 2]
+
+
+def test_the_most_current_copy_serves_the_partition() -> None:
+    """Of two members holding a copy, the one further along the changelog gets the partition."""
+    tp = TopicPartition(TOPIC, 0)
+    members = {"a": Claim(SUB, {tp: 90}), "b": Claim(SUB, {tp: 100}), "c": Claim(SUB)}
+    plans = plan([tp], members, replicas=1)
+    assert plans["b"].active == [tp]
+    assert plans["a"].standby == [tp]  # the warm copy keeps the standby
+
+
+def test_after_the_owner_dies_its_partitions_go_to_their_standbys() -> None:
+    """Each survivor holding a caught-up standby of a dead member's partition is given that partition."""
+    tps = _tps(6)
+    before = plan(tps, {m: Claim(SUB) for m in ("a", "b", "c")}, replicas=1)
+    positions = {tp: 1000 + tp.partition for tp in tps}
+    claims = {
+        name: Claim(
+            SUB,
+            {tp: positions[tp] for tp in [*p.active, *p.standby]},
+            active=frozenset(p.active),
+        )
+        for name, p in before.items()
+    }
+    dead = "a"
+    lost = before[dead].active
+    survivors = {name: claim for name, claim in claims.items() if name != dead}
+    after = plan(tps, survivors, replicas=1)
+    _check_invariants(after, 6, 1)
+    for tp in lost:
+        holder = next(name for name, p in before.items() if tp in p.standby)
+        assert tp in after[holder].active
+    for name in survivors:
+        assert set(before[name].active) <= set(after[name].active)  # sticky: nothing moved needlessly
+
+
+def test_the_same_claims_give_the_same_plan() -> None:
+    """A stable group rejoining keeps every assignment, and any leader plans the same (deterministic)."""
+    tps = _tps(5)
+    first = plan(tps, {m: Claim(SUB) for m in ("a", "b")}, replicas=1)
+    claims = {
+        name: Claim(SUB, dict.fromkeys([*p.active, *p.standby], 7), active=frozenset(p.active))
+        for name, p in first.items()
+    }
+    assert plan(tps, claims, replicas=1) == plan(tps, dict(reversed(list(claims.items()))), replicas=1)
+    assert {n: p.active for n, p in plan(tps, claims, replicas=1).items()} == {
+        n: p.active for n, p in first.items()
+    }
+
+
+def test_balance_wins_over_a_member_that_holds_every_copy() -> None:
+    """A member holding the best copy of all partitions still serves only its share."""
+    tps = _tps(4)
+    members = {"a": Claim(SUB, dict.fromkeys(tps, 50)), "b": Claim(SUB)}
+    plans = plan(tps, members, replicas=1)
+    _check_invariants(plans, 4, 1)
+    assert len(plans["a"].active) == 2
+
+
+def test_an_older_member_gets_work_but_no_standbys() -> None:
+    """A member without the standby protocol (older code) serves its share and is given no standby."""
+    members = {"new": Claim(SUB), "old": Claim(SUB, standby_capable=False), "new2": Claim(SUB)}
+    plans = plan(_tps(6), members, replicas=1)
+    assert len(plans["old"].active) == 2
+    assert plans["old"].standby == []
+    assert Counter(tp for p in plans.values() for tp in p.standby) == Counter(_tps(6))
+
+
+def test_replicas_beyond_the_other_members_are_capped() -> None:
+    """Two members and two replicas asked: each partition gets the one standby another member can hold."""
+    plans = plan(_tps(3), {"a": Claim(SUB), "b": Claim(SUB)}, replicas=2)
+    _check_invariants(plans, 3, 2)
+
+
+def test_no_replicas_gives_no_standbys() -> None:
+    """With replicas 0 the plan is actives only."""
+    plans = plan(_tps(4), {"a": Claim(SUB), "b": Claim(SUB)}, replicas=0)
+    assert all(p.standby == [] for p in plans.values())
+    _check_invariants(plans, 4, 0)
+
+
+def test_a_member_gets_only_topics_it_subscribes_to() -> None:
+    """Partitions of a topic a member does not subscribe to go to the others, standbys included."""
+    other = TopicPartition("effects", 0)
+    members = {"a": Claim(frozenset({TOPIC, "effects"})), "b": Claim(SUB)}
+    plans = plan([*_tps(2), other], members, replicas=1)
+    assert other in plans["a"].active
+    assert other not in plans["b"].active + plans["b"].standby
+
+
+def test_more_members_than_partitions_leaves_some_idle() -> None:
+    """Four members, two partitions: two serve, and the standbys go to the idle ones first."""
+    plans = plan(_tps(2), {m: Claim(SUB) for m in "abcd"}, replicas=1)
+    _check_invariants(plans, 2, 1)
+    idle = [n for n, p in plans.items() if not p.active]
+    assert sorted(tp for n in idle for tp in plans[n].standby) == _tps(2)
+
+
+def test_any_claims_give_a_complete_balanced_plan() -> None:
+    """Over 300 random groups (positions, previous actives, older members): every invariant of a plan holds."""
+    rng = random.Random(26)
+    for _ in range(300):
+        partitions = rng.randint(1, 12)
+        names = [f"m{i}" for i in range(rng.randint(1, 5))]
+        replicas = rng.randint(0, 3)
+        tps = _tps(partitions)
+        members = {
+            name: Claim(
+                SUB,
+                {tp: rng.randint(-1, 50) for tp in tps if rng.random() < 0.5},
+                active=frozenset(tp for tp in tps if rng.random() < 0.3),
+                standby_capable=rng.random() < 0.9,
+            )
+            for name in names
+        }
+        plans = plan(tps, members, replicas=replicas)
+        actives = [tp for p in plans.values() for tp in p.active]
+        assert sorted(actives) == tps
+        counts = [len(p.active) for p in plans.values()]
+        assert max(counts) - min(counts) <= 1
+        capable = [n for n in names if members[n].standby_capable]
+        for name, p in plans.items():
+            assert not set(p.active) & set(p.standby)
+            assert len(set(p.standby)) == len(p.standby)
+            assert members[name].standby_capable or not p.standby
+        copies = Counter(tp for p in plans.values() for tp in p.standby)
+        for tp in tps:
+            owner_capable = any(tp in plans[n].active for n in capable)
+            assert copies[tp] == min(replicas, len(capable) - owner_capable)
