@@ -71,7 +71,7 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker(
         "group", "consumer group, also part of every transactional id (default: the topology's app name)"
     ),
-    _worker("metrics_port", "serve /metrics, /healthz and the key lookups on this port, or none"),
+    _worker("metrics_port", "serve /metrics, /healthz, /readyz and the key lookups on this port, or none"),
     _worker("http_host", "the address the metrics port listens on (0.0.0.0 in a container)"),
     _worker("commit_interval", "longest a transaction stays open", ms=True),
     _worker("max_batch", "input records after which a transaction commits"),
@@ -116,7 +116,9 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     ),
     _worker("store_lock_wait", "seconds to wait for a previous owner's RocksDB lock"),
     _worker("open_timeout", "seconds a partition may keep failing to open before the worker exits"),
-    _worker("stuck_after", "seconds without progress after which /healthz reports a partition stuck"),
+    _worker(
+        "stuck_after", "seconds without progress after which /healthz and /readyz report a partition stuck"
+    ),
 )
 """Every :class:`WorkerSettings` field's flag and variable (``pipeline worker``)."""
 

@@ -1,4 +1,4 @@
-"""What the workers say over HTTP (``/healthz``, ``/partitions``, ``/metrics``), sampled every few seconds.
+"""What the workers say over HTTP (``/readyz``, ``/partitions``, ``/metrics``), sampled every few seconds.
 
 :class:`Live` asks every worker at each tick, keeps the last answers and a
 short history of the summed counters, from which the console draws the
@@ -32,11 +32,13 @@ HISTORY = 60  # samples kept (three minutes at the default refresh)
 
 @dataclass
 class WorkerView:
-    """One worker as last seen: reachable, healthy, its partitions' states and a few gauges."""
+    """One worker as last seen: reachable, healthy (serving every partition it was given, ``/readyz``),
+    its partitions' states and a few gauges."""
 
     url: str
     reachable: bool = False
     healthy: bool = False
+    alive: bool = False  # restoring, say: not serving everything yet, and nothing wrong
     problems: list[str] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)  # "<topic>-<partition>" -> lifecycle state
     owned: dict[str, list[int]] = field(default_factory=dict)
@@ -63,7 +65,7 @@ async def poll_worker(session: aiohttp.ClientSession, url: str) -> WorkerView:
     view = WorkerView(url)
     base = base_url(url)
     try:
-        async with session.get(f"{base}/healthz") as response:
+        async with session.get(f"{base}/readyz") as response:
             health = await response.json(content_type=None)
             view.healthy = response.status == 200
         async with session.get(f"{base}/partitions") as response:
@@ -76,6 +78,7 @@ async def poll_worker(session: aiohttp.ClientSession, url: str) -> WorkerView:
         return view
     view.reachable = True
     if isinstance(health, dict):
+        view.alive = view.healthy or health.get("status") == "not ready"
         view.states = {str(k): str(v) for k, v in dict(health.get("partitions") or {}).items()}
         view.problems = [str(p) for p in health.get("problems") or []]
     if isinstance(owned, dict):

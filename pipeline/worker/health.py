@@ -1,14 +1,31 @@
-"""What ``/healthz`` says: every assigned partition served, none stuck."""
+"""What ``/healthz`` and ``/readyz`` say: alive (nothing stuck or failed), and ready (every partition served).
+
+A worker opening or restoring its partitions is alive but not ready: a restart would only
+begin the restore again. A stuck partition (work waiting, no commit for ``stuck_after``) or
+a failed worker is not alive: a restart is what helps. A worker that stays unable to serve a
+partition exits by itself (``--open-timeout``), so liveness needs no clock of its own.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
 
 from pipeline.worker.partition import Partition
+
+
+class Health(NamedTuple):
+    """A worker's answer: ``ready`` for ``/readyz``, ``detail`` for either body, ``live`` for ``/healthz``."""
+
+    ready: bool
+    detail: dict[str, Any]
+    live: bool
+
+
+STOPPED = Health(False, {"status": "stopped"}, False)
 
 
 def partition_health(
@@ -16,29 +33,40 @@ def partition_health(
     partitions: Mapping[TopicPartition, Partition],
     *,
     failed: bool,
+    stopping: bool = False,
     standbys: Mapping[str, Mapping[str, object]] | None = None,
-) -> tuple[bool, dict[str, Any]]:
-    """(healthy, details): unhealthy while an assigned partition is not READY/COMMITTING, or is stuck.
+) -> Health:
+    """Ready while every assigned partition is READY/COMMITTING, none is stuck, and the worker neither failed
+    nor stops; alive unless it failed or a partition is stuck.
 
-    The standbys this worker keeps are in the details (``standby``: state, position, lag in
-    records and seconds); they never make it unhealthy: a copy behind is slower failover, not
-    a partition unserved."""
+    ``detail`` has ``status`` (``ok``, ``not ready`` or ``unhealthy``), each assigned partition's
+    state, the ``problems`` if any, and the standbys this worker keeps (``standby``: state,
+    position, lag in records and seconds); a standby never makes a worker unready or unhealthy:
+    a copy behind is slower failover, not a partition unserved."""
     now = time.monotonic()
     states = {}
     problems = []
+    stuck = False
     for tp in sorted(assigned, key=lambda t: (t.topic, t.partition)):
         part = partitions.get(tp)
         name = f"{tp.topic}-{tp.partition}"
         state = part.state.value if part is not None else "unowned"
         if part is not None and part.stuck(now):
             state = "stuck"
+            stuck = True
         states[name] = state
         if state not in ("ready", "committing"):
             problems.append(f"{name} is {state}")
-    healthy = not problems and not failed
-    detail: dict[str, Any] = {"status": "ok" if healthy else "unhealthy", "partitions": states}
+    if failed:
+        problems.append("the worker failed and is stopping")
+    elif stopping:
+        problems.append("the worker is stopping")
+    live = not failed and not stuck
+    ready = live and not problems
+    status = "ok" if ready else "not ready" if live else "unhealthy"
+    detail: dict[str, Any] = {"status": status, "partitions": states}
     if problems:
         detail["problems"] = problems
     if standbys:
         detail["standby"] = {name: dict(info) for name, info in standbys.items()}
-    return healthy, detail
+    return Health(ready, detail, live)

@@ -1,10 +1,12 @@
-"""The worker's small HTTP endpoint: ``/metrics``, ``/healthz``, ``/partitions`` and ``/keys/{key}``.
+"""The worker's small HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz``, ``/partitions`` and ``/keys/{key}``.
 
-``/healthz`` answers 503 while an assigned partition is not served (opening,
+``/readyz`` answers 503 while an assigned partition is not served (opening,
 restoring, broken, fenced) or is stuck (work waiting and no commit for
-``stuck_after``), with each partition's state in the body, and the standby
+``stuck_after``), or while the worker stops. ``/healthz`` (liveness) answers 503
+only when a partition is stuck or the worker failed: opening and restoring are
+alive. Both bodies give each partition's state, the problems, and the standby
 replicas this worker keeps (``standby``: state, position, lag in records and
-seconds), which never make it unhealthy. ``/partitions`` lists the partitions
+seconds), which never make it unready. ``/partitions`` lists the partitions
 served here and those kept as standby.
 
 ``/keys/{key}`` answers from the seen-set of the partition that owns the key,
@@ -23,11 +25,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
+from pipeline.worker.health import Health
 
 # (topic, partition) -> store, for the partitions this worker owns now
 Stores = Callable[[], Mapping[tuple[str, int], PartitionStore]]
 Owner = Callable[[str, bytes], int]  # (topic, key) -> partition
-Health = Callable[[], tuple[bool, dict[str, Any]]]  # (healthy, details)
+HealthCheck = Callable[[], Health]
 Standbys = Callable[[], Mapping[str, Mapping[str, Any]]]  # "<topic>-<partition>" -> state, position, lag
 
 
@@ -36,7 +39,7 @@ def build_app(
     owner: Owner,
     topics: list[str],
     registry: CollectorRegistry,
-    health: Health,
+    health: HealthCheck,
     standbys: Standbys = dict,
 ) -> web.Application:
     """The aiohttp application of a worker."""
@@ -46,9 +49,14 @@ def build_app(
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
+        """200 while no partition is stuck and the worker has not failed (opening and restoring are alive)."""
+        answer = health()
+        return web.json_response(answer.detail, status=200 if answer.live else 503)
+
+    async def readyz(_request: web.Request) -> web.Response:
         """200 when every assigned partition is served and none is stuck; 503 with the reasons otherwise."""
-        healthy, detail = health()
-        return web.json_response(detail, status=200 if healthy else 503)
+        answer = health()
+        return web.json_response(answer.detail, status=200 if answer.ready else 503)
 
     async def partitions(_request: web.Request) -> web.Response:
         owned: dict[str, list[int]] = {}
@@ -77,6 +85,7 @@ def build_app(
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/partitions", partitions)
     app.router.add_get("/keys/{key}", key)
     return app

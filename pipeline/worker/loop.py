@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -47,7 +47,7 @@ from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.fetch import LoopFetch
-from pipeline.worker.health import partition_health
+from pipeline.worker.health import STOPPED, Health, partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store
@@ -197,15 +197,19 @@ class Worker:
         self._stopping.set()
         self._fetch.wake()
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy when every assigned partition is served and none is stuck; the details either way."""
+    def health(self) -> Health:
+        """Ready when every assigned partition is served and none is stuck; alive unless stuck or failed."""
         consumer = self._consumer
         if consumer is None:
-            return False, {"status": "stopped"}
+            return STOPPED
         parts = {tp: owned.part for tp, owned in self._owned.items()}
         standbys = self._standbys.describe() if self._standbys is not None else None
         return partition_health(
-            consumer.assignment(), parts, failed=self._fatal is not None, standbys=standbys
+            consumer.assignment(),
+            parts,
+            failed=self._fatal is not None,
+            stopping=self._stopping.is_set(),
+            standbys=standbys,
         )
 
     async def run(self) -> None:

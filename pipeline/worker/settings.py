@@ -66,7 +66,9 @@ class WorkerSettings:
     max_clock_skew: float = 3600.0
     store_lock_wait: float = 30.0  # seconds to wait for a previous owner's RocksDB lock
     open_timeout: float = 120.0  # seconds a partition may keep failing to open before the worker exits
-    stuck_after: float = 60.0  # seconds without progress after which /healthz reports a partition stuck
+    stuck_after: float = (
+        60.0  # seconds without progress after which /healthz and /readyz report a partition stuck
+    )
 
     def __post_init__(self) -> None:
         problems = []

@@ -272,10 +272,10 @@ async def test_an_unusable_state_dir_ends_the_worker_with_one_readable_line(
     assert "state" in last.lower(), last
 
 
-async def test_healthz_is_not_ok_while_an_assigned_partition_is_not_served(
+async def test_readyz_is_not_ok_while_an_assigned_partition_is_not_served(
     pipeline_env: MakeEnv, workers: Workers, tmp_path: Path
 ) -> None:
-    """With a state dir that is a file, /healthz never answers 200 once partitions are assigned and unserved."""
+    """With a state dir that is a file, /readyz never answers 200 once partitions are assigned and unserved."""
     env: Env = await pipeline_env(partitions=1)
     _, state_dir = unusable_state_dir(tmp_path, "file")
     await produce(env.bootstrap, env.topo.topics.input, [stripe_record("evt_1")])
@@ -296,17 +296,17 @@ async def test_healthz_is_not_ok_while_an_assigned_partition_is_not_served(
     answers: list[int] = []
     deadline = time.monotonic() + 10
     while worker.poll() is None and time.monotonic() < deadline:
-        status = await http_status(f"http://127.0.0.1:{port}/healthz")
+        status = await http_status(f"http://127.0.0.1:{port}/readyz")
         if status is not None:
             answers.append(status)
-            assert status != 200, f"/healthz said 200 with its partition unserved\n{workers.tail('w1')}"
-    assert answers or worker.poll() is not None, "/healthz never answered while the worker ran"
+            assert status != 200, f"/readyz said 200 with its partition unserved\n{workers.tail('w1')}"
+    assert answers or worker.poll() is not None, "/readyz never answered while the worker ran"
 
 
-async def test_healthz_is_ok_when_every_assigned_partition_is_served(
+async def test_healthz_and_readyz_are_ok_when_every_assigned_partition_is_served(
     pipeline_env: MakeEnv, workers: Workers
 ) -> None:
-    """A normal worker that handled a record on each partition answers /healthz with 200."""
+    """A normal worker that handled a record on each partition answers /healthz and /readyz with 200."""
     env: Env = await pipeline_env(partitions=2)
     await env.produce_stripe([f"evt_{i}" for i in range(8)])
     port = free_port()
@@ -317,6 +317,7 @@ async def test_healthz_is_ok_when_every_assigned_partition_is_served(
 
     await wait_until(all_handled, "eight commands", alive=worker, log=lambda: workers.tail("w1"))
     assert await http_status(f"http://127.0.0.1:{port}/healthz") == 200
+    assert await http_status(f"http://127.0.0.1:{port}/readyz") == 200
 
 
 # -- items 4 and 5: a store that cannot be trusted -------------------------------------------------

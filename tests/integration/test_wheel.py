@@ -74,7 +74,10 @@ def test_the_wheel_runs_init_topics_worker_ingress_and_up_from_an_empty_director
             str(port),
         ]
         with running(worker_argv, here, env) as worker, running(ingress_argv, here, env) as ingress:
-            wait_http(f"http://127.0.0.1:{metrics}/healthz", worker)
+            assert wait_http(f"http://127.0.0.1:{metrics}/readyz", worker) in {
+                200,
+                503,
+            }  # served, or restoring
             assert wait_http(f"http://127.0.0.1:{port}/healthz", ingress) == 200
             event_id = f"evt_{unique('wheel')}"
             assert signed_post(f"http://127.0.0.1:{port}/webhooks/stripe", event_id) in {200, 202}

@@ -291,7 +291,7 @@ def test_compose_ports_match_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [str(p) for p in _service("worker")["expose"]] == [str(worker.metrics_port)]
     for name, port, path in (
         ("ingress", ingress.port, "/readyz"),
-        ("worker", worker.metrics_port, "/healthz"),
+        ("worker", worker.metrics_port, "/readyz"),
     ):
         check = " ".join(_service(name)["healthcheck"]["test"])
         assert f"127.0.0.1:{port}{path}" in check, name
@@ -485,7 +485,7 @@ def test_k8s_topology_config_map_is_the_default_topology() -> None:
 
 
 def test_statefulset_keeps_worker_state_on_a_volume_claim(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker StatefulSet mounts a volumeClaimTemplate at PIPELINE_STATE_DIR and probes /healthz."""
+    """The worker StatefulSet mounts a volumeClaimTemplate at PIPELINE_STATE_DIR, is live on /healthz, ready on /readyz."""
     sts = _k8s("StatefulSet", "pipeline-worker")
     args = _k8s_args(sts, monkeypatch)
     container = _container(sts)
@@ -495,9 +495,13 @@ def test_statefulset_keeps_worker_state_on_a_volume_claim(monkeypatch: pytest.Mo
     assert _k8s_env(container)["PIPELINE_STATE_DIR"] == args.state_dir
     assert args.metrics_port is not None
     assert [p["containerPort"] for p in container["ports"]] == [args.metrics_port]
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+    for probe, path in (
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+    ):
         get = container[probe]["httpGet"]
-        assert get["path"] == "/healthz", probe
+        assert get["path"] == path, probe
         assert _port(container, get["port"]) == args.metrics_port, probe
     pod = sts["spec"]["template"]
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(args.metrics_port)

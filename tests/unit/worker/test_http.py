@@ -1,4 +1,4 @@
-"""The worker's metrics and inspect endpoint: where it listens."""
+"""The worker's HTTP endpoint: where it listens, and what /healthz and /readyz answer."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import socket
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from pipeline.errors import ConfigError
 from pipeline.worker import http as worker_http
-from pipeline.worker.health import partition_health
+from pipeline.worker.health import Health, partition_health
 
 
 async def test_a_metrics_port_already_taken_is_a_config_error_in_one_line() -> None:
@@ -42,7 +44,37 @@ def test_a_standby_behind_is_reported_and_never_makes_the_worker_unhealthy() -> 
             "lag_seconds": 42.0,
         }
     }
-    healthy, detail = partition_health([], {}, failed=False, standbys=standbys)
-    assert healthy
-    assert detail["standby"] == standbys
+    health = partition_health([], {}, failed=False, standbys=standbys)
+    assert health.ready
+    assert health.live
+    assert health.detail["standby"] == standbys
     assert partition_health([], {}, failed=False)[1].get("standby") is None
+
+
+def test_a_failed_worker_is_neither_alive_nor_ready() -> None:
+    """A worker whose loop failed is stopping to exit: /healthz and /readyz both say so, and why."""
+    health = partition_health([], {}, failed=True)
+    assert (health.ready, health.live) == (False, False)
+    assert health.detail["status"] == "unhealthy"
+    assert health.detail["problems"] == ["the worker failed and is stopping"]
+
+
+@pytest.mark.parametrize(
+    ("health", "healthz", "readyz"),
+    [
+        (Health(True, {"status": "ok"}, True), 200, 200),
+        (Health(False, {"status": "not ready"}, True), 200, 503),
+        (Health(False, {"status": "unhealthy"}, False), 503, 503),
+    ],
+    ids=["serving", "restoring", "stuck"],
+)
+async def test_healthz_answers_liveness_and_readyz_readiness(
+    health: Health, healthz: int, readyz: int
+) -> None:
+    """/healthz answers from ``live`` and /readyz from ``ready``, both with the same body."""
+    app = worker_http.build_app(dict, lambda _t, _k: 0, [], CollectorRegistry(), lambda: health)
+    async with TestClient(TestServer(app)) as client:
+        for path, status in (("/healthz", healthz), ("/readyz", readyz)):
+            response = await client.get(path)
+            assert response.status == status, path
+            assert await response.json() == health.detail

@@ -194,28 +194,35 @@ async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committ
     assert audit == {0: [1, 2], 1: [0, 1, 2], 2: [2]}  # from the committed offset on, nothing earlier
 
 
-async def test_health_is_unhealthy_while_an_assigned_partition_is_unserved_and_healthy_once_all_are_ready(
+async def test_a_worker_restoring_is_alive_but_not_ready_and_ready_once_every_partition_is_served(
     start_worker: Starter,
 ) -> None:
-    """/healthz: an assigned partition still opening or restoring makes the worker unhealthy; all READY makes it healthy."""
+    """/readyz: an assigned partition still restoring makes the worker not ready; /healthz: it is alive all along."""
     gate = asyncio.Event()
     restore = Restore(gate)
     w = await start_worker(assign={TP0, TP1}, restore=restore)
     w.run()
     await eventually(lambda: len(restore.entered) == 2)
-    healthy, detail = w.worker.health()
-    assert not healthy
-    assert detail["status"] == "unhealthy"
-    assert detail["partitions"] == {f"{INPUT}-0": "restoring", f"{INPUT}-1": "restoring"}
-    assert len(detail["problems"]) == 2
+    health = w.worker.health()
+    assert not health.ready
+    assert health.live  # a restart would only begin the restore again
+    assert health.detail["status"] == "not ready"
+    assert health.detail["partitions"] == {f"{INPUT}-0": "restoring", f"{INPUT}-1": "restoring"}
+    assert len(health.detail["problems"]) == 2
 
     gate.set()
     await eventually(lambda: set(w.states().values()) == {S.READY})
-    healthy, detail = w.worker.health()
-    assert healthy
-    assert detail == {"status": "ok", "partitions": {f"{INPUT}-0": "ready", f"{INPUT}-1": "ready"}}
+    health = w.worker.health()
+    assert health.ready
+    assert health.live
+    assert health.detail == {"status": "ok", "partitions": {f"{INPUT}-0": "ready", f"{INPUT}-1": "ready"}}
+    w.worker.stop()
+    stopping = w.worker.health()
+    assert not stopping.ready  # no longer a place to send work to
+    assert stopping.live  # committing what is open: a restart would abort it
+    assert "the worker is stopping" in stopping.detail["problems"]
     await w.stop()
-    assert w.worker.health() == (False, {"status": "stopped"})
+    assert w.worker.health() == (False, {"status": "stopped"}, False)
 
 
 async def test_a_partition_that_cannot_open_makes_run_raise_partition_unserved(

@@ -713,7 +713,7 @@ async def test_a_store_held_by_another_owner_is_waited_for_store_lock_wait_then_
 async def test_a_partition_with_work_and_no_commit_for_stuck_after_is_stuck_and_unhealthy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Records waiting and no commit for stuck_after seconds: stuck, and /healthz's report says so; idle is never stuck."""
+    """Records waiting and no commit for stuck_after seconds: stuck, neither alive nor ready; idle is never stuck."""
     install(monkeypatch)
     part = make_partition(tmp_path, stuck_after=5.0)
     await part.open()
@@ -722,10 +722,13 @@ async def test_a_partition_with_work_and_no_commit_for_stuck_after_is_stuck_and_
     part.feed(records(0, 10, K[:1]))
     assert not part.stuck(now + 1)
     assert part.stuck(now + 60)
-    healthy, detail = partition_health([TP0], {TP0: part}, failed=False)
-    assert healthy  # within stuck_after of the last progress
+    health = partition_health([TP0], {TP0: part}, failed=False)
+    assert health.ready  # within stuck_after of the last progress
+    assert health.live
     part.progress_at = now - 60
-    healthy, detail = partition_health([TP0], {TP0: part}, failed=False)
-    assert not healthy
-    assert detail["partitions"] == {f"{INPUT}-0": "stuck"}
+    health = partition_health([TP0], {TP0: part}, failed=False)
+    assert not health.ready
+    assert not health.live  # a restart is what helps a stuck partition
+    assert health.detail["status"] == "unhealthy"
+    assert health.detail["partitions"] == {f"{INPUT}-0": "stuck"}
     await part.close(commit=False)
