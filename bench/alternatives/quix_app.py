@@ -51,7 +51,9 @@ def main() -> None:
     source = app.topic(args.input, key_deserializer="bytes", value_deserializer="bytes")
     sink = app.topic(args.output, key_serializer="bytes", value_serializer="bytes")
 
-    def dedupe(value: bytes, key: bytes, timestamp: int, headers: Any, state: State) -> bytes | None:
+    def dedupe(
+        value: bytes, key: bytes, timestamp: int, headers: Any, state: State[Any, Any]
+    ) -> bytes | None:
         first_seen = state.get("seen")
         if first_seen is not None and timestamp - first_seen < TTL_MS:
             return None

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from aiokafka import TopicPartition
+if TYPE_CHECKING:  # only named in annotations: planning loads no Kafka client
+    from aiokafka import TopicPartition
 
 NO_COPY = 1 << 62  # the lag of a member that holds no copy of a partition
 

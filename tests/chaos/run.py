@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             producer.stop.set()
             if producer.thread.ident is not None:
                 producer.thread.join(30)
-            producer.producer = None  # type: ignore[assignment]  # destroys the librdkafka client
+            producer.producer = None  # type: ignore[assignment, unused-ignore]  # frees librdkafka (typed from 2.13)
         if workers is not None:
             workers.stop_all()
         if monitor is not None:

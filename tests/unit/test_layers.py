@@ -23,6 +23,7 @@ PURE = (
     "pipeline.kafka.partitioner",
     "pipeline.kafka.record_size",
     "pipeline.worker.classify",
+    "pipeline.worker.assignment",
     "pipeline.providers.generic",
 )
 IO_LIBRARIES = ("aiokafka", "rocksdict", "aiohttp")
