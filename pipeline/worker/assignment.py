@@ -13,12 +13,15 @@ generation (:class:`Claim`). :func:`plan` then:
    round-robin, so that a group of fresh members spreads as the roundrobin
    assignor does;
 3. gives each partition ``replicas`` standbys on other members (never its
-   active one, never twice on one member), preferring warm copies, then members
-   keeping the fewest standbys of the same active member (so that one member's
-   failure spreads its partitions over several survivors), then the members with
-   the least work so far (actives and standbys), and no member beyond its even share
-   while another has room; members that do not speak this protocol (older
-   workers: no claim) get none.
+   active one, never twice on one member), preferring members keeping the
+   fewest standbys of the same active member, then warm copies, then the
+   members with the least work so far (actives and standbys), and no member
+   beyond its even share while another has room; members that do not speak this
+   protocol (older workers: no claim) get none. Spreading comes before warmth:
+   when a member dies, balance gives each survivor only its share of the dead
+   member's partitions, so its standbys must sit on different survivors to be
+   promoted; a cold standby is warm after one replay in the background, while a
+   failover to a member without a copy replays the whole store in the foreground.
 
 Pairs are taken greedily, best first; the plan is deterministic for the same
 claims, so every leader elected after a failure plans the same way.
@@ -151,8 +154,8 @@ def _standbys(
             candidates,
             key=lambda n: (
                 load[n] >= cap,
+                beside.get((n, owner.get(task)), 0),  # spread first: see the module
                 lags[(n, task)] == NO_COPY,
-                beside.get((n, owner.get(task)), 0),
                 work[n],
                 lags[(n, task)],
                 (index[n] - t) % len(names),

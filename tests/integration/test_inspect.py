@@ -180,11 +180,22 @@ async def test_inspect_healthz_and_metrics_show_the_standbys_a_worker_keeps(pipe
         assert not served & kept  # never a standby of what it serves
         assert set(copies[index]) == {f"{raw}-{p}" for p in kept}
         assert all(s["state"] == "following" and s["lag_seconds"] == 0 for s in copies[index].values())
-        _status, metrics = await _get(port, "/metrics")
-        for p in kept:
-            assert f'pipeline_standby_lag_records{{partition="{p}",topic="{raw}"}} 0.0' in metrics
-            assert f'pipeline_standby_lag_seconds{{partition="{p}",topic="{raw}"}} 0.0' in metrics
-        assert "pipeline_standby_partitions 1.0" in metrics
+        expected = [
+            *(
+                f'pipeline_standby_lag_{unit}{{partition="{p}",topic="{raw}"}} 0.0'
+                for p in kept
+                for unit in ("records", "seconds")
+            ),
+            "pipeline_standby_partitions 1.0",
+        ]
+        settle = time.monotonic() + 10  # the loop sets the gauges once a second at most
+        while True:
+            _status, metrics = await _get(port, "/metrics")
+            missing = [line for line in expected if line not in metrics]
+            if not missing:
+                break
+            assert time.monotonic() < settle, (missing, metrics[-3000:])
+            await asyncio.sleep(0.5)
     workers = ",".join(f"127.0.0.1:{p}" for p in ports)
     key = "stripe:evt_3"
     partition = owner_partition(key.encode(), 2)

@@ -66,6 +66,24 @@ async def _standbys_following(env: Env, names: list[str]) -> None:
         await _until(following, f"{name} has no standby")
 
 
+async def _settled(env: Env, names: list[str]) -> None:
+    """Wait until the workers' last assignments split every input partition between them, each worker
+    holding one (its last ``partitions assigned`` after its last ``partitions revoked``): a generation
+    that every worker has applied, so that ``_assigned`` reads what a worker serves now."""
+    every = {f"{env.topo.topics.input}-{p}" for p in range(env.topo.topics.partitions)}
+
+    def split() -> bool:
+        held = []
+        for name in names:
+            log = _log(env, name)
+            if log.rfind("partitions assigned: ") < log.rfind("partitions revoked: "):
+                return False
+            held.append(set(_assigned(env, name)))
+        return sum(len(h) for h in held) == len(every) and set().union(*held) == every
+
+    await _until(split, f"an assignment that {names} all applied")
+
+
 def _promoted(env: Env, name: str) -> list[str]:
     return re.findall(r"(\S+): promoted from standby", _log(env, name))
 
@@ -80,6 +98,7 @@ async def test_two_workers_a_sigkilled_owner_fails_over_to_its_standby(pipeline_
     await _standbys_following(env, ["a", "b"])
     producing = asyncio.create_task(produce_steadily(env, waves))
     await asyncio.sleep(4.0)
+    await _settled(env, ["a", "b"])
     lost = _assigned(env, "a")
     a.send_signal(signal.SIGKILL)
     a.wait()
@@ -98,6 +117,7 @@ async def test_three_workers_a_sigkilled_owner_spreads_over_the_standbys(pipelin
     await _standbys_following(env, ["a", "b", "c"])
     producing = asyncio.create_task(produce_steadily(env, waves))
     await asyncio.sleep(4.0)
+    await _settled(env, ["a", "b", "c"])
     lost = _assigned(env, "b")
     workers["b"].send_signal(signal.SIGKILL)
     workers["b"].wait()
@@ -174,7 +194,8 @@ async def test_a_standby_on_a_disk_from_another_changelog_rebuilds_it(pipeline_e
 
 
 async def test_a_rolling_restart_of_every_worker_under_load_keeps_exactly_once(pipeline_env: MakeEnv) -> None:
-    """Three workers with standbys, each stopped (SIGTERM) and started again in turn while events stream in."""
+    """Three workers with standbys, each stopped (SIGTERM) and started again in turn while events stream in;
+    the survivors take each stopped worker's partitions (promoting their standbys) before it is back."""
     env: Env = await pipeline_env(partitions=6)
     ids, waves = workload(9_000, 0.3, seed=265)
     total = sum(len(w) for w in waves)
@@ -183,8 +204,11 @@ async def test_a_rolling_restart_of_every_worker_under_load_keeps_exactly_once(p
     producing = asyncio.create_task(produce_steadily(env, waves, pause=0.15))
     for name in ("a", "b", "c"):
         await asyncio.sleep(2.0)
+        survivors = {other: env.assignments(other) for other in workers if other != name}
         workers[name].send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(workers[name].wait, 30) == 0, _log(env, name)[-2000:]
+        for other, seen in survivors.items():  # a generation without it, not only its quick return
+            await env.wait_assigned(other, before=seen)
         before = env.assignments(name)
         workers[name] = _start(env, name)
         await env.wait_assigned(name, before=before)

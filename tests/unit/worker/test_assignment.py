@@ -163,3 +163,25 @@ def test_any_claims_give_a_complete_balanced_plan() -> None:
         for tp in tps:
             owner_capable = any(tp in plans[n].active for n in capable)
             assert copies[tp] == min(replicas, len(capable) - owner_capable)
+
+
+def test_a_member_that_once_held_every_partition_does_not_take_every_standby_of_one_owner() -> None:
+    """A group grown one member at a time (the first held every store): whichever member dies, each of its
+    partitions goes to a survivor holding its standby, because one owner's standbys are spread, not piled
+    on the member with the most copies on disk."""
+    tps = _tps(6)
+    first = dict.fromkeys(tps, 100)  # "a" served everything before the others joined
+    second = dict.fromkeys(tps[1::2], 100)  # "b" served half of it in the next generation
+    grown = {"a": Claim(SUB, first), "b": Claim(SUB, second), "c": Claim(SUB)}
+    before = plan(tps, grown, replicas=1)
+    _check_invariants(before, 6, 1)
+    for dead in ("a", "b", "c"):
+        survivors = {
+            name: Claim(SUB, dict.fromkeys([*p.active, *p.standby], 200), active=frozenset(p.active))
+            for name, p in before.items()
+            if name != dead
+        }
+        after = plan(tps, survivors, replicas=1)
+        for tp in before[dead].active:
+            holder = next(name for name, p in before.items() if tp in p.standby)
+            assert tp in after[holder].active, (dead, tp, before, after)
