@@ -27,7 +27,8 @@ from pipeline.console.views import Redactor, key_path, make_environment, render
 from pipeline.console.workers import Live
 from pipeline.errors import PipelineError
 from pipeline.ops.dlq_records import DlqFilter, parse_since, reasons_of, records_of
-from pipeline.ops.lookup import Report, inspect
+from pipeline.ops.key_report import Report
+from pipeline.ops.lookup import inspect
 from pipeline.resources import package_dir
 from pipeline.topology import Topology
 
