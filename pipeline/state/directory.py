@@ -75,6 +75,18 @@ def reopen(
     return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
 
 
+def release(store: PartitionStore, *, wipe: bool, name: str) -> None:
+    """Close ``store``, and wipe it if ``wipe`` (an entry could not be read: the next owner restores it);
+    a store that fails to close is logged, not raised (its owner is letting it go)."""
+    try:
+        store.close()
+        if wipe:
+            log.warning("%s: wiping store %s (an entry could not be read)", name, store.path)
+            PartitionStore.wipe(store.path)
+    except StoreError as exc:
+        log.warning("%s: %s", name, exc)
+
+
 def rebuild(
     store: PartitionStore, *, identity: StoreIdentity, why: str, opener: StoreOpener = PartitionStore.open
 ) -> PartitionStore:

@@ -45,6 +45,7 @@ from pipeline.state.store import PartitionStore
 from pipeline.topology import Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
+from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
@@ -52,7 +53,7 @@ from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store
 from pipeline.worker.pacing import caught_up, poll_ms
-from pipeline.worker.partition import Partition, PartitionContext
+from pipeline.worker.partition import Partition
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
 

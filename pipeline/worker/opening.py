@@ -12,10 +12,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from aiokafka import TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError
 
-from pipeline.errors import PipelineError, StoreError, StoreLockedError
+from pipeline.errors import PipelineError, StoreError, StoreLockedError, StoreStaleError
+from pipeline.state import directory
+from pipeline.state.restore import restore
+from pipeline.state.store import PartitionStore
+from pipeline.state.store_meta import StoreIdentity
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +60,27 @@ async def retry(step: Callable[[], Awaitable[None]], deadline: float, what: str,
             backoff = min(backoff * 2, BACKOFF_MAX)
         else:
             return
+
+
+async def restore_to_serve(
+    store: PartitionStore,
+    changelog: TopicPartition,
+    *,
+    identity: StoreIdentity,
+    opener: directory.StoreOpener,
+    keep: Callable[[PartitionStore], object],
+    **options: Any,
+) -> int:
+    """Replay ``changelog`` into ``store`` (opened to follow it), then reopen it to be served; returns the
+    records applied. A store ahead of its changelog (a cache of another log) is rebuilt and restored
+    from the start. ``keep`` is given each store that replaces the last, so that the caller always
+    holds the open one, and releases it when a later step raises."""
+    try:
+        applied = await restore(store, changelog, **options)
+    except StoreStaleError as exc:
+        store = directory.rebuild(store, identity=identity, why=str(exc), opener=opener)
+        keep(store)
+        applied = await restore(store, changelog, **options)
+    if store.follow:
+        keep(directory.reopen(store, identity=identity, follow=False, opener=opener))
+    return applied

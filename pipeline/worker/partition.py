@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -42,61 +41,21 @@ from pipeline.errors import (
     ProducerUnusableError,
     StoreCorruptError,
     StoreError,
-    StoreStaleError,
 )
-from pipeline.kafka.clients import transactional_producer
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state import directory
-from pipeline.state.restore import RestoreBudget, restore
 from pipeline.state.store import PartitionStore
-from pipeline.state.store_meta import StoreIdentity
 from pipeline.state.transaction import PartitionTransaction, TransactionFailedError
-from pipeline.topology import Topology
-from pipeline.worker.classify import Classifier
-from pipeline.worker.effect_stage import EffectStage
-from pipeline.worker.emitter import OutputTopics
-from pipeline.worker.event_stage import EventStage
+from pipeline.worker.context import PartitionContext
 from pipeline.worker.lifecycle import Lifecycle, PartitionState
-from pipeline.worker.metrics import Tally, WorkerMetrics
-from pipeline.worker.opening import OPEN_ERRORS, retry
+from pipeline.worker.metrics import Tally
+from pipeline.worker.opening import OPEN_ERRORS, restore_to_serve, retry
 from pipeline.worker.poison import RECORD_ERRORS, PoisonTracker
-from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.stage import HandlerFailedError, Stage
 
 log = logging.getLogger(__name__)
 
 State = PartitionState
-
-
-@dataclass(frozen=True)
-class PartitionContext:
-    """What every partition of one worker shares: settings, topology, outputs, metrics, where stores live."""
-
-    settings: WorkerSettings
-    topology: Topology
-    classifier: Classifier
-    outputs: OutputTopics
-    metrics: WorkerMetrics
-    cluster: str = ""  # the cluster id, and each changelog's topic id: a store caches one changelog
-    topic_ids: Any = None  # Mapping[str, str]
-    open_store: directory.StoreOpener = PartitionStore.open
-    budget: RestoreBudget | None = None
-    # whether the group still counts this worker a member of its generation (None: unknown);
-    # asked before every producer start, which would fence whoever the group assigns the partition to
-    member: Callable[[], Awaitable[bool | None]] | None = None
-
-    def identity(self, tp: TopicPartition, changelog: TopicPartition) -> StoreIdentity:
-        """Whose store ``tp``'s is (names), and which changelog it caches (ids)."""
-        ids = self.topic_ids or {}
-        return StoreIdentity(
-            app=self.topology.app,
-            group=self.settings.for_topology(self.topology.app).group,
-            topic=tp.topic,
-            partition=tp.partition,
-            changelog=changelog.topic,
-            cluster=self.cluster,
-            changelog_id=ids.get(changelog.topic, ""),
-        )
 
 
 class Partition:
@@ -114,8 +73,7 @@ class Partition:
         self.name = f"{tp.topic}-{tp.partition}"
         self.changelog = changelog
         self.context = context
-        self.settings = context.settings.for_topology(context.topology.app)
-        self.topology = context.topology
+        self.settings = context.worker_settings
         self.metrics = context.metrics
         self._seek = seek
         self.lifecycle = Lifecycle.partition(self.name)
@@ -141,11 +99,6 @@ class Partition:
     def state(self) -> PartitionState:
         """The lifecycle state."""
         return self.lifecycle.state
-
-    @property
-    def state_since(self) -> float:
-        """When the partition entered its state (``time.monotonic()``): a commit's start while COMMITTING."""
-        return self.lifecycle.since
 
     @property
     def serving(self) -> bool:
@@ -209,27 +162,10 @@ class Partition:
         self.progress_at = time.monotonic()
 
     async def _open_store_and_producer(self) -> None:
-        if self.store is None:
-            self.store = self._open_store(follow=True)  # restored first: written, not read, until READY
-        if self.producer is None:
-            await self._check_member()
-            producer = self._new_producer()
-            try:
-                await producer.start()  # InitProducerId: fences the previous owner, aborts its transaction
-            except BaseException:
-                await producer.stop()
-                raise
-            self.producer = producer
-
-    def _open_store(self, *, follow: bool) -> PartitionStore:
-        path = directory.store_path(self.settings.state_dir, self.topology, self.settings.group, self.tp)
-        return directory.open_store(
-            path,
-            bucket_ms=directory.topology_bucket_ms(self.topology),
-            identity=self.identity,
-            opener=self.context.open_store,
-            follow=follow,
-        )
+        if self.store is None:  # restored first: written, not read, until READY
+            self.store = self.context.open_store_of(self.tp, self.identity, follow=True)
+        if self.producer is None:  # its start fences the previous owner and aborts its transaction
+            self.producer = await self.context.start_producer(self.tp, self.name)
 
     async def _restore(self) -> None:
         """Replay the changelog into the store (opened to follow it), then open the store to be served."""
@@ -237,62 +173,23 @@ class Partition:
         if store is None or producer is None:
             raise PipelineError(f"{self.name}: restore before open")
         if store.closed:  # reopening it to be served failed on an earlier attempt
-            store = self.store = self._open_store(follow=True)
-        remaining = self.metrics.restore_remaining.labels(self.tp.topic, str(self.tp.partition))
-        options: dict[str, Any] = {
-            "bootstrap": self.settings.bootstrap,
-            "fetch_bytes": self.settings.restore_fetch_bytes,
-            "progress_every": self.settings.restore_progress_every,
-            "remaining": remaining,
-            "budget": self.context.budget,
-        }
-        try:
-            applied = await restore(store, self.changelog, **options)
-        except StoreStaleError as exc:  # ahead of its changelog: a cache of another log
-            store = self.store = directory.rebuild(
-                store, identity=self.identity, why=str(exc), opener=self.context.open_store
-            )
-            applied = await restore(store, self.changelog, **options)
+            store = self.store = self.context.open_store_of(self.tp, self.identity, follow=True)
+        options = self.context.restore_options(self.tp)
+        keep, opener = self._keep, self.context.open_store
+        applied = await restore_to_serve(
+            store, self.changelog, identity=self.identity, opener=opener, keep=keep, **options
+        )
         self.metrics.restore_records.inc(applied)
-        if store.follow:
-            store = self.store = directory.reopen(
-                store, identity=self.identity, follow=False, opener=self.context.open_store
-            )
-        self.txn = PartitionTransaction(
-            tp=self.tp,
-            group=self.settings.group,
-            producer=producer,
-            store=store,
-            changelog=self.changelog,
-            limits=self.context.outputs.limits,
-            timestamps=self.context.outputs.timestamps,
-            send_bytes=self.settings.send_bytes,
-        )
-        self.stage = self._stage(self.txn)
+        self.txn = self.context.transaction_for(self.tp, producer, self._keep(), self.changelog)
+        self.stage = self.context.stage_for(self.tp, self.txn, self.tally)
 
-    def _stage(self, txn: PartitionTransaction) -> Stage:
-        context = self.context
-        skew_ms = int(self.settings.max_clock_skew * 1000)
-        if self.tp.topic == self.topology.topics.input:
-            return EventStage(
-                tp=self.tp,
-                topology=self.topology,
-                classifier=context.classifier,
-                txn=txn,
-                outputs=context.outputs,
-                recorder=self.tally,
-                chunk_records=self.settings.chunk_records,
-                max_skew_ms=skew_ms,
-            )
-        return EffectStage(
-            tp=self.tp,
-            topology=self.topology,
-            txn=txn,
-            outputs=context.outputs,
-            recorder=self.tally,
-            chunk_records=self.settings.chunk_records,
-            max_skew_ms=skew_ms,
-        )
+    def _keep(self, store: PartitionStore | None = None) -> PartitionStore:
+        """Hold ``store`` (one that replaced the last while restoring), or return the one held."""
+        if store is not None:
+            self.store = store
+        if self.store is None:
+            raise PipelineError(f"{self.name}: no store")
+        return self.store
 
     # -- records ---------------------------------------------------------------------
     def feed(self, records: Sequence[Any]) -> None:
@@ -454,33 +351,14 @@ class Partition:
         if verdict is not None:
             raise PartitionUnservedError(f"partition {self.name}: {verdict}")
 
-    async def _check_member(self) -> None:
-        """Raise :class:`BrokerUnavailableError` (retriable: opening tries again) unless the group confirms
-        this worker is still a member of its generation: a worker dropped from its group while it
-        could not hear (an outage, a pause) would otherwise fence the partition's new assignee."""
-        member = self.context.member
-        if member is not None and not await member():
-            raise BrokerUnavailableError(
-                f"{self.name}: the group does not confirm this worker as a member now; not starting its producer"
-            )
-
-    def _new_producer(self) -> TransactionalProducer:
-        """A producer with the partition's transactional id: starting it fences every older one."""
-        txn_id = f"{self.topology.app}-{self.settings.group}-{self.tp.topic}-{self.tp.partition}"
-        return TransactionalProducer(transactional_producer(self.settings, txn_id), self.name)
-
     async def _replace_producer(self, txn: PartitionTransaction) -> None:
         """Start a new producer in place of one whose sequence numbers no longer match the broker's,
         keeping everything else (the poison records and the bisection go on)."""
-        old = txn.producer
         log.warning("%s: the broker refused a batch outright; starting a new producer", self.name)
-        await old.stop()
-        producer = self._new_producer()
+        await txn.producer.stop()
         try:
-            await self._check_member()
-            await producer.start()
+            producer = await self.context.start_producer(self.tp, self.name)
         except (KafkaError, ProducerFencedError, BrokerUnavailableError) as exc:
-            await producer.stop()
             self.producer = None
             self._broken(exc)
             return
@@ -516,10 +394,4 @@ class Partition:
             await producer.stop()
         if store is not None:
             self.position = store.changelog_offset
-            try:
-                store.close()
-                if self._wipe:
-                    log.warning("%s: wiping store %s (an entry could not be read)", self.name, store.path)
-                    PartitionStore.wipe(store.path)
-            except StoreError as exc:
-                log.warning("%s: %s", self.name, exc)
+            directory.release(store, wipe=self._wipe, name=self.name)

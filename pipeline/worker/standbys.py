@@ -31,7 +31,7 @@ from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from pipeline.state import directory
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.assignor import Held, StandbyAssignor
-from pipeline.worker.partition import PartitionContext
+from pipeline.worker.context import PartitionContext
 from pipeline.worker.standby import Standby
 
 log = logging.getLogger(__name__)

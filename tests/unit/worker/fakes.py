@@ -36,12 +36,14 @@ from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
 from pipeline.kafka import internals
 from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
+from pipeline.worker import context as context_module
 from pipeline.worker import loop as loop_module
-from pipeline.worker import partition as partition_module
+from pipeline.worker import opening as opening_module
 from pipeline.worker.classify import Classifier
+from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.partition import Partition, PartitionContext
+from pipeline.worker.partition import Partition
 from pipeline.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -515,8 +517,8 @@ def install(
 ) -> Clients:
     """Replace the producer, restore, consumer and topic layout the partition and loop modules use."""
     clients = Clients(producers or ProducerFactory(), restore or Restore(), consumer or FakeConsumer())
-    monkeypatch.setattr(partition_module, "transactional_producer", clients.producers)
-    monkeypatch.setattr(partition_module, "restore", clients.restore)
+    monkeypatch.setattr(context_module, "transactional_producer", clients.producers)
+    monkeypatch.setattr(opening_module, "restore", clients.restore)
     monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings, **_kwargs: clients.consumer)
 
     async def member(_consumer: Any) -> bool:
