@@ -110,29 +110,29 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         "a reopen racing a rebalance leaves a partition behind",
         [
             (
-                "worker/loop.py",
+                "worker/ownership.py",
                 "        return not self._rebalancing and tp in self._require(self._consumer).assignment()",
                 "        return tp in self._require(self._consumer).assignment()",
             ),
             (
-                "worker/loop.py",
-                "        if self._owned.get(tp) is owned:\n            del self._owned[tp]\n        await self._close(owned, commit=False)",
-                "        await self._close(owned, commit=False)",
+                "worker/ownership.py",
+                "        if self._owned.get(tp) is owned:\n            del self._owned[tp]\n        await self.close(owned, commit=False)",
+                "        await self.close(owned, commit=False)",
             ),
             # the revoked partitions left the table only as their closes began, in the background
             (
-                "worker/loop.py",
+                "worker/ownership.py",
                 "            self._owned.pop(tp)\n            for tp in sorted(revoked",
                 "            self._owned[tp]\n            for tp in sorted(revoked",
             ),
             (
-                "worker/loop.py",
-                "        await asyncio.gather(*(self._close(owned, commit=True) for owned in gone))",
+                "worker/ownership.py",
+                "        await asyncio.gather(*(self.close(owned, commit=True) for owned in gone))",
                 (
                     "        async def pop_and_close(owned: Owned) -> None:\n"
                     "            if self._owned.get(owned.part.tp) is owned:\n"
                     "                del self._owned[owned.part.tp]\n"
-                    "            await self._close(owned, commit=True)\n\n"
+                    "            await self.close(owned, commit=True)\n\n"
                     "        await asyncio.gather(*(pop_and_close(owned) for owned in gone))"
                 ),
             ),

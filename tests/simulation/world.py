@@ -267,7 +267,7 @@ class World:
                 if slot is None or slot.worker is None or not member.assignment:
                     continue
                 assigned = set(ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions())
-                for tp, owned in list(slot.worker._owned.items()):
+                for tp, owned in list(slot.worker.owned.items()):
                     if owned.part.serving and tp not in assigned:
                         problem = (
                             f"{member.process.name} serves {tp.topic}-{tp.partition}, which generation "

@@ -75,7 +75,7 @@ def _conflicting_store(state_dir: Path, partition: TopicPartition) -> None:
 
 def _part(worker: Worker, tp: TopicPartition) -> Partition | None:
     """The partition ``worker`` owns at ``tp``, if any."""
-    owned = worker._owned.get(tp)
+    owned = worker.owned.get(tp)
     return owned.part if owned is not None else None
 
 
@@ -92,7 +92,7 @@ class Running:
         return self.clients.consumer
 
     def states(self) -> dict[int, PartitionState]:
-        return {t.partition: p.state for t, p in ((t, o.part) for t, o in self.worker._owned.items())}
+        return {t.partition: p.state for t, p in ((t, o.part) for t, o in self.worker.owned.items())}
 
     def run(self) -> asyncio.Task[None]:
         self.task = asyncio.create_task(self.worker.run())
@@ -183,7 +183,7 @@ async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committ
 
     await eventually(
         lambda: all(
-            pt.queue == [] and pt.txn and pt.txn.records for pt in (o.part for o in w.worker._owned.values())
+            pt.queue == [] and pt.txn and pt.txn.records for pt in (o.part for o in w.worker.owned.values())
         )
     )
     await w.stop()
@@ -234,7 +234,7 @@ async def test_a_partition_that_cannot_open_makes_run_raise_partition_unserved(
     with pytest.raises(PartitionUnservedError, match=f"{INPUT}-1"):
         await asyncio.wait_for(w.worker.run(), 5)
     assert w.consumer.stopped
-    assert w.worker._owned == {}
+    assert w.worker.owned == {}
     for producer in w.clients.producers.made.get(f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0", []):
         assert "commit" not in producer.calls  # a stop after an exception never commits
         assert producer.stopped
@@ -321,7 +321,7 @@ async def test_a_revoked_partition_commits_its_open_transaction_before_the_callb
     await eventually(
         lambda: (p := _part(w.worker, TP0)) is not None and p.txn is not None and p.txn.records == 3
     )
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     w.consumer.assigned.discard(TP0)
     await w.worker.partitions_revoked({TP0})
     producer = w.clients.producers.of(0)
@@ -329,7 +329,7 @@ async def test_a_revoked_partition_commits_its_open_transaction_before_the_callb
     assert "abort" not in producer.calls
     assert producer.stopped
     assert part.state is S.CLOSED
-    assert TP0 not in w.worker._owned
+    assert TP0 not in w.worker.owned
     await w.stop()
 
 
@@ -350,7 +350,7 @@ async def test_records_held_for_a_slow_commit_are_handled_as_soon_as_it_ends(sta
     w = await start_worker(assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0)
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     producer = w.clients.producers.of(0)
     gate = producer.commit_gate = asyncio.Event()
     w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 3)))
@@ -409,21 +409,21 @@ async def test_a_partition_revoked_while_it_reopens_leaves_the_table_and_starts_
     gate.set()
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     gate.clear()  # the reopen's restore will wait
     part.lifecycle.move(S.BROKEN)  # as a producer gone fatal leaves it
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p is not part)
-    reopening = w.worker._owned[TP0]
+    reopening = w.worker.owned[TP0]
     assert reopening.opening is not None
     producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
     started_before = len(producers)
     await w.worker.partitions_revoked({TP0})  # the consumer still lists TP0: a rebalance is under way
-    assert TP0 not in w.worker._owned
+    assert TP0 not in w.worker.owned
     assert reopening.part.state is S.CLOSED
     gate.set()
     await asyncio.sleep(0.05)
     assert len(producers) == started_before  # nothing started for it after the revocation
-    assert TP0 not in w.worker._owned  # not reopened while the group rebalances
+    assert TP0 not in w.worker.owned  # not reopened while the group rebalances
     await w.worker.partitions_assigned({TP0})
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
     await w.stop()
@@ -439,13 +439,13 @@ async def test_a_fenced_partition_is_closed_never_reopened_and_the_worker_rejoin
     w.consumer._coordinator = SimpleNamespace(request_rejoin=lambda: rejoins.append(True))
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     part.lifecycle.move(S.FENCED)
     await eventually(lambda: rejoins == [True])
     assert part.state is S.CLOSED
-    assert TP0 not in w.worker._owned
+    assert TP0 not in w.worker.owned
     await asyncio.sleep(0.05)
-    assert TP0 not in w.worker._owned  # never reopened in place
+    assert TP0 not in w.worker.owned  # never reopened in place
     await w.stop()
 
 
@@ -455,7 +455,7 @@ async def test_the_loop_yields_every_cycle_so_a_commit_runs_while_records_wait(s
     w = await start_worker(assign={TP0}, logs={TP0: []}, commit_policy="interval", commit_interval=60.0)
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     part.poison.limit = 1  # as after a refusal: one record per transaction, up to offset 4
     part.poison._until = 4
     w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 4)))
@@ -472,7 +472,7 @@ async def test_a_partition_is_paused_by_the_bytes_it_has_queued_not_only_by_thei
     w = await start_worker(assign={TP0}, logs={TP0: big}, queue_bytes=1024 * 1024, poll_records=1000)
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     async with part.lock:  # as while a commit runs: what is fetched waits in the queue
         await eventually(lambda: TP0 in w.consumer.paused and part.queue != [])
         assert part.queued_bytes >= 1024 * 1024
@@ -489,18 +489,18 @@ async def test_a_broken_partition_closing_as_a_rebalance_begins_is_not_reopened_
     w = await start_worker(assign={TP0}, logs=_logs(2))
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker._owned[TP0].part
+    part = w.worker.owned[TP0].part
     producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
     gate = asyncio.Event()
     producers[-1].stop_gate = gate  # its close takes a while
     part.lifecycle.move(S.BROKEN)
-    await eventually(lambda: TP0 not in w.worker._owned)  # the loop took it out and is closing it
+    await eventually(lambda: TP0 not in w.worker.owned)  # the loop took it out and is closing it
     made = len(producers)
     await w.worker.partitions_revoked(set())  # the rebalance begins (nothing of TP0 left to revoke)
     gate.set()
     await asyncio.sleep(0.05)
     assert len(producers) == made  # no producer started for it while the group rebalances
-    assert TP0 not in w.worker._owned
+    assert TP0 not in w.worker.owned
     w.consumer.assigned.discard(TP0)  # the sync gave it to another worker
     await w.worker.partitions_assigned(set())
     w.consumer.assigned.add(TP0)  # ... and a later rebalance gives it back here
