@@ -8,8 +8,12 @@ generation (:class:`Claim`). :func:`plan` then:
    ``T // M`` or ``T // M + 1`` of the ``T`` partitions (of the topics it
    subscribes to);
 2. within that, gives each partition to the member whose copy is most current:
-   the smallest lag behind the best copy any member holds; a member holding no
-   copy comes last. Ties go to the member that served it before (sticky), then
+   the smallest lag behind the best copy any member holds, every lag up to
+   :data:`CAUGHT_UP` counting as none (Kafka Streams' ``acceptable.recovery.lag``:
+   a copy a few records or a commit marker behind replays them in milliseconds,
+   and moving a partition for it would push another one onto a member without a
+   copy); a member holding no copy comes last. Ties go to the member that served
+   it before (sticky), then the most current copy, then
    round-robin, so that a group of fresh members spreads as the roundrobin
    assignor does;
 3. gives each partition ``replicas`` standbys on other members (never its
@@ -37,6 +41,7 @@ if TYPE_CHECKING:  # only named in annotations: planning loads no Kafka client
     from aiokafka import TopicPartition
 
 NO_COPY = 1 << 62  # the lag of a member that holds no copy of a partition
+CAUGHT_UP = 10_000  # changelog records behind the best copy that still count as current
 
 
 @dataclass(frozen=True)
@@ -93,14 +98,16 @@ def _actives(
     members: Mapping[str, Claim],
     lags: Mapping[tuple[str, TopicPartition], int],
 ) -> dict[TopicPartition, str]:
-    """Each partition's active member: balanced counts, most current copy first, then sticky, then round-robin."""
+    """Each partition's active member: balanced counts, a current copy (within CAUGHT_UP) first, then sticky,
+    then the most current, then round-robin."""
     index = {name: i for i, name in enumerate(names)}
     eligible = {task: [n for n in names if task.topic in members[n].subscription] for task in tasks}
     pairs = sorted(
         (
             (
-                lags[(name, task)],
+                _behind(lags[(name, task)]),
                 0 if task in members[name].active else 1,
+                lags[(name, task)],
                 (index[name] - t) % len(names),
                 name,
                 task,
@@ -166,3 +173,8 @@ def _standbys(
             work[name] += 1
             beside[(name, owner.get(task))] = beside.get((name, owner.get(task)), 0) + 1
             plans[name].standby.append(task)
+
+
+def _behind(lag: int) -> int:
+    """A copy's lag as the active placement weighs it: none when within :data:`CAUGHT_UP`."""
+    return 0 if lag <= CAUGHT_UP else lag

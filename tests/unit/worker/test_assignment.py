@@ -7,7 +7,7 @@ from collections import Counter
 
 from aiokafka import TopicPartition
 
-from pipeline.worker.assignment import Claim, Plan, plan
+from pipeline.worker.assignment import CAUGHT_UP, Claim, Plan, plan
 
 TOPIC = "raw"
 SUB = frozenset({TOPIC})
@@ -37,9 +37,9 @@ def test_a_fresh_group_is_spread_round_robin_with_one_standby_each() -> None:
 
 
 def test_the_most_current_copy_serves_the_partition() -> None:
-    """Of two members holding a copy, the one further along the changelog gets the partition."""
+    """Of two members holding a copy, the one further along the changelog (by more than CAUGHT_UP) gets the partition."""
     tp = TopicPartition(TOPIC, 0)
-    members = {"a": Claim(SUB, {tp: 90}), "b": Claim(SUB, {tp: 100}), "c": Claim(SUB)}
+    members = {"a": Claim(SUB, {tp: 100}), "b": Claim(SUB, {tp: 100 + CAUGHT_UP + 1}), "c": Claim(SUB)}
     plans = plan([tp], members, replicas=1)
     assert plans["b"].active == [tp]
     assert plans["a"].standby == [tp]  # the warm copy keeps the standby
@@ -185,3 +185,32 @@ def test_a_member_that_once_held_every_partition_does_not_take_every_standby_of_
         for tp in before[dead].active:
             holder = next(name for name, p in before.items() if tp in p.standby)
             assert tp in after[holder].active, (dead, tp, before, after)
+
+
+def test_a_served_copy_a_few_records_behind_a_standby_stays_where_it_is() -> None:
+    """A standby reported a commit marker ahead of the active copy: both count as current, so the partition
+    stays with its owner, and the dead member's partition goes to the standby's member instead of a member
+    without a copy (the failover a real three-worker group showed)."""
+    tps = _tps(6)
+    claims = {
+        "a": Claim(SUB, {tps[1]: 50, tps[4]: 50, tps[0]: 61, tps[2]: 40}, active=frozenset({tps[1], tps[4]})),
+        "c": Claim(SUB, {tps[0]: 60, tps[3]: 50, tps[4]: 50, tps[5]: 40}, active=frozenset({tps[0], tps[3]})),
+    }  # "b" served 2 and 5 and died: a keeps the standby of 2, c of 5
+    plans = plan(tps, claims, replicas=1)
+    assert set(plans["a"].active) == {tps[1], tps[4], tps[2]}
+    assert set(plans["c"].active) == {tps[0], tps[3], tps[5]}
+
+
+def test_an_old_store_on_disk_within_caught_up_does_not_outrank_a_standby() -> None:
+    """A member whose disk keeps an old store of the dead member's partition (from serving it in an earlier
+    generation) loses it to the member holding its standby, and takes the one it holds the standby of."""
+    tps = _tps(6)
+    claims = {
+        "a": Claim(
+            SUB, {tps[0]: 1556, tps[1]: 791, tps[3]: 1487, tps[4]: -1}, active=frozenset({tps[0], tps[3]})
+        ),
+        "c": Claim(SUB, {tps[2]: 1508, tps[5]: 1308, tps[4]: 824}, active=frozenset({tps[2], tps[5]})),
+    }  # "b" served 1 and 4 and died: a keeps the standby of 1, c of 4; a's disk has an empty store of 4
+    plans = plan(tps, claims, replicas=1)
+    assert set(plans["a"].active) == {tps[0], tps[3], tps[1]}
+    assert set(plans["c"].active) == {tps[2], tps[5], tps[4]}
