@@ -148,8 +148,11 @@ class Standby:
                 self._close_store()
                 self.lifecycle.move(State.CLOSED)
                 return
-            except RETRIED as exc:
-                log.warning("standby %s: %s; trying again in %.0fs", self.name, exc, backoff)
+            except Exception as exc:  # any other is a bug: logged whole, and retried all the same
+                if isinstance(exc, RETRIED):
+                    log.warning("standby %s: %s; trying again in %.0fs", self.name, exc, backoff)
+                else:  # a standby never stops the worker: its serving partitions go on
+                    log.exception("standby %s: unexpected error; trying again in %.0fs", self.name, backoff)
                 self._close_store()
                 if self.state is State.FOLLOWING:
                     self.lifecycle.move(State.OPENING)

@@ -1,0 +1,54 @@
+"""A standby replica on its own: a failure it did not expect is retried, and never leaves its task."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import standby as standby_module
+from pipeline.worker.lifecycle import StandbyState
+from pipeline.worker.standby import Standby
+
+TP = TopicPartition("raw", 0)
+CHANGELOG = TopicPartition("raw-changelog", 0)
+IDENTITY = StoreIdentity(app="app", group="g", topic="raw", partition=0, changelog="raw-changelog")
+
+
+async def test_an_unexpected_error_in_a_round_is_retried_and_closing_still_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that raises a bug's error (a ValueError from decoding, say) closes the store and tries again;
+    the standby's task never ends with it, and close() returns the position without raising."""
+    rounds: list[int] = []
+
+    async def catch_up(store: Any, changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:
+            raise ValueError("a record that cannot be decoded")
+        return 0, store.changelog_offset + 1
+
+    async def reader() -> Any:
+        return object()
+
+    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr(standby_module, "POLL_S", 0.01)
+    standby = Standby(
+        TP, changelog=CHANGELOG, identity=IDENTITY, path=tmp_path / "s", bucket_ms=3_600_000, reader=reader
+    )
+    standby.start()
+    try:
+        for _ in range(200):
+            if len(rounds) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(rounds) >= 3  # the failed round was followed by more
+        assert standby.state is StandbyState.FOLLOWING
+    finally:
+        assert await standby.close() == -1
+    assert standby.lifecycle.closed
