@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError
 
 from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka.alter_configs import set_topic_configs
@@ -77,9 +77,14 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     return specs
 
 
+# what an admin request raises when the broker went away after the client started
+UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
+
+
 @asynccontextmanager
 async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterator[AIOKafkaAdminClient]:
-    """An admin client that raises ``BrokerUnavailableError`` when the broker cannot be reached."""
+    """An admin client that raises ``BrokerUnavailableError`` when the broker cannot be reached: at start,
+    or while the caller uses it (the broker going away between two requests)."""
     check_bootstrap(bootstrap)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
     try:
@@ -89,6 +94,8 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
         raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc or 'timed out'}") from None
     try:
         yield admin
+    except UNREACHABLE as exc:
+        raise BrokerUnavailableError(f"lost Kafka at {bootstrap}: {exc!r}") from None
     finally:
         await admin.close()
 

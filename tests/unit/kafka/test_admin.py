@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
+from pipeline.errors import BrokerUnavailableError
+from pipeline.kafka import admin
 from pipeline.kafka.admin import NO_LIMIT_MS, timestamp_bounds, topic_specs
 from pipeline.topology import load
 from tests.unit.worker.fakes import TOPOLOGY_PATH
@@ -36,3 +39,26 @@ def test_topics_create_lets_the_input_take_any_timestamp_and_leaves_the_others_a
     topics = load(TOPOLOGY_PATH).topics
     assert specs[topics.input].configs["message.timestamp.after.max.ms"] == str(NO_LIMIT_MS)
     assert "message.timestamp.after.max.ms" not in specs[topics.commands].configs
+
+
+async def test_a_broker_lost_between_two_admin_requests_is_broker_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection closed after the admin client started (an outage as a worker starts) is a
+    BrokerUnavailableError, which the worker's supervisor answers by starting it again, not a raw aiokafka error."""
+
+    class Started:
+        def __init__(self, **_kwargs: object) -> None:
+            self.closed = False
+
+        async def start(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(admin, "AIOKafkaAdminClient", Started)
+    with pytest.raises(BrokerUnavailableError, match=r"lost Kafka at 127\.0\.0\.1:1"):
+        async with admin.admin_client("127.0.0.1:1") as client:
+            raise KafkaConnectionError("Connection at 127.0.0.1:1 closed")
+    assert client.closed
