@@ -744,10 +744,6 @@ class World:
                 if slot.running and slot.process is not None:
                     self.problems.extend(self.loop.stacks(slot.process)[:12])
 
-    async def _until_broker_up(self) -> None:
-        while self.broker.down:
-            await asyncio.sleep(0.25)
-
     async def _stopped(self, *processes: Process, limit: float) -> None:
         """Wait until none of ``processes`` runs, for ``limit`` seconds of the broker being up at most (a stop
         commits what is open, which waits for the broker)."""
