@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.kafka import internals
-from pipeline.kafka.clients import RESTORE_CLIENT_ID, restore_consumer
+from pipeline.kafka.clients import RESTORE_CLIENT_ID, restore_consumer, restore_partition_bytes
 
 
 class ChangelogReader:
@@ -17,7 +17,7 @@ class ChangelogReader:
 
     def __init__(self, bootstrap: str, *, fetch_bytes: int, client_id: str = RESTORE_CLIENT_ID) -> None:
         self.fetch_bytes = fetch_bytes
-        self.partition_bytes = min(fetch_bytes, 16 * 1024 * 1024)  # as restore_consumer
+        self.partition_bytes = restore_partition_bytes(fetch_bytes)
         self._consumer: AIOKafkaConsumer = restore_consumer(
             bootstrap, fetch_bytes=fetch_bytes, client_id=client_id
         )

@@ -62,6 +62,14 @@ RESTORE_CLIENT_ID = "pipeline-restore"
 STANDBY_CLIENT_ID = "pipeline-standby"
 
 
+RESTORE_PARTITION_BYTES = 16 * 1024 * 1024  # the most a restore or standby fetch takes of one partition
+
+
+def restore_partition_bytes(fetch_bytes: int) -> int:
+    """What one changelog partition may take of a restore fetch of ``fetch_bytes``."""
+    return min(fetch_bytes, RESTORE_PARTITION_BYTES)
+
+
 def restore_consumer(
     bootstrap: str, *, fetch_bytes: int, client_id: str = RESTORE_CLIENT_ID
 ) -> AIOKafkaConsumer:
@@ -73,7 +81,7 @@ def restore_consumer(
         enable_auto_commit=False,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
-        max_partition_fetch_bytes=min(fetch_bytes, 16 * 1024 * 1024),
+        max_partition_fetch_bytes=restore_partition_bytes(fetch_bytes),
         fetch_max_bytes=fetch_bytes,
     )
 

@@ -112,7 +112,8 @@ class StateDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`StoreLockedError` naming its holder (not retriable here)."""
+        """Take the lock, or raise :class:`StateDirInUseError` naming its holder (or :class:`StoreUnusableError`
+        when the directory cannot be used)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
