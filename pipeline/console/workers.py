@@ -110,10 +110,10 @@ def _read_metrics(view: WorkerView, text: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """The summed counters of every reachable worker at one moment."""
+    """The counters of every reachable worker (by URL) at one moment."""
 
     at: float
-    totals: dict[str, float]
+    totals: dict[str, dict[str, float]]
 
 
 class Live:
@@ -143,10 +143,7 @@ class Live:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             views = await asyncio.gather(*(poll_worker(session, url) for url in self.workers))
         self.views = list(views)
-        totals = dict.fromkeys(RATES, 0.0)
-        for view in self.views:
-            for name, value in view.totals.items():
-                totals[name] += value
+        totals = {view.url: dict(view.totals) for view in self.views if view.reachable}
         self.samples.append(Sample(time.monotonic(), totals))
         return self.views
 
@@ -159,13 +156,19 @@ class Live:
             await asyncio.sleep(self.every)
 
     def rates(self) -> dict[str, list[float]]:
-        """Per second, between consecutive samples, for each of :data:`RATES` (a restarted worker's drop reads 0)."""
+        """Per second, between consecutive samples, for each of :data:`RATES`: each worker's increase, summed
+        over the workers that answered both times (a restarted worker's drop reads 0; one that missed a
+        sample adds nothing to the two intervals around it, instead of a dip and then a spike)."""
         out: dict[str, list[float]] = {name: [] for name in RATES}
         pairs = list(zip(list(self.samples)[:-1], list(self.samples)[1:], strict=True))
         for before, after in pairs:
             span = max(after.at - before.at, 1e-3)
+            both = before.totals.keys() & after.totals.keys()
             for name in RATES:
-                out[name].append(max(after.totals[name] - before.totals[name], 0.0) / span)
+                grown = sum(
+                    max(after.totals[w].get(name, 0.0) - before.totals[w].get(name, 0.0), 0.0) for w in both
+                )
+                out[name].append(grown / span)
         return out
 
     def summary(self) -> dict[str, Any]:

@@ -35,5 +35,19 @@ def test_rates_are_per_second_between_samples_and_never_negative() -> None:
     live = Live((), every=1.0)
     totals = [(0.0, 0.0), (2.0, 10.0), (4.0, 4.0)]
     for at, accepted in totals:
-        live.samples.append(Sample(at, {"accepted": accepted, "duplicates": 0.0, "dlq": 0.0}))
+        live.samples.append(Sample(at, {"w:1": {"accepted": accepted, "duplicates": 0.0, "dlq": 0.0}}))
     assert live.rates()["accepted"] == [5.0, 0.0]
+
+
+def test_a_worker_missing_from_one_sample_neither_hides_the_others_nor_spikes_on_its_return() -> None:
+    """Rates are each worker's own increase: one unreachable for a sample adds nothing to those intervals,
+    and its lifetime counter is not read as one interval's traffic when it answers again."""
+    live = Live((), every=1.0)
+    samples = [
+        (0.0, {"a": 100.0, "b": 1000.0}),
+        (1.0, {"a": 110.0}),  # b unreachable
+        (2.0, {"a": 120.0, "b": 1020.0}),
+    ]
+    for at, counters in samples:
+        live.samples.append(Sample(at, {w: {"accepted": n} for w, n in counters.items()}))
+    assert live.rates()["accepted"] == [10.0, 10.0]
