@@ -25,7 +25,7 @@ from aiokafka import TopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
-from pipeline.errors import BrokerUnavailableError
+from pipeline.errors import BrokerUnavailableError, StoreLockedError
 from pipeline.kafka.admin import topic_specs
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
@@ -684,7 +684,13 @@ class World:
             ids = (f"other-{self.rng.getrandbits(32):08x}", str(uuid.UUID(int=self.rng.getrandbits(128))))
         identity = StoreIdentity(APP, GROUP, topics.input, partition, topics.changelog, *ids)
         bucket_ms = bucket_width(int(self.topology.max_ttl.total_seconds() * 1000))
-        store = SimStore.open(path, bucket_ms=bucket_ms, identity=identity)
+        try:
+            store = SimStore.open(path, bucket_ms=bucket_ms, identity=identity)
+        except (
+            StoreLockedError
+        ):  # a store of this slot is still open (a standby closing): nothing to plant on
+            self.note(f"foreign-store: {tp.topic}-{tp.partition} of {slot.name} is held; not planted")
+            return
         try:
             from pipeline.state.decision import Entry  # noqa: PLC0415
             from pipeline.state.store import Change  # noqa: PLC0415
