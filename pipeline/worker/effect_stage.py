@@ -83,7 +83,7 @@ class EffectStage:
         poison = self._poison
         for delivery in deliveries:
             marked = poison.get(delivery.offset) if poison else None
-            txn.restamp = marked is not None and marked.reason == RESTAMP
+            txn.restamp = marked is not None and marked.restamp
             try:
                 self._one(delivery, known)
             except Exception as exc:

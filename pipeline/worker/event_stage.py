@@ -151,7 +151,7 @@ class EventStage:
         poison = self._poison
         for delivery, result in zip(deliveries, classified, strict=True):
             marked = poison.get(delivery.offset) if poison else None
-            txn.restamp = marked is not None and marked.reason == RESTAMP
+            txn.restamp = marked is not None and marked.restamp
             try:
                 if isinstance(result, Accepted):
                     self._accepted(delivery, result, known)

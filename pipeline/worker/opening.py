@@ -40,7 +40,11 @@ def _retriable(exc: BaseException) -> bool:
 async def retry(step: Callable[[], Awaitable[None]], deadline: float, what: str, lock_wait: float) -> None:
     """Run ``step`` until it succeeds, raises a non-retriable error, or ``deadline`` passes.
 
-    A store held by another process is waited for ``lock_wait`` seconds at most.
+    A store held by another process is waited for ``lock_wait`` seconds at most. Nothing
+    keeps the failure while the backoff is waited (it is waited outside the ``except`` block,
+    and logged as text): its traceback holds the frames that raised, and with them RocksDB
+    column family handles, which keep a database locked after its store is closed; a store
+    closed during the backoff (the partition revoked) must release its lock at once.
     """
     backoff = BACKOFF_FIRST
     locked_until: float | None = None
@@ -55,11 +59,11 @@ async def retry(step: Callable[[], Awaitable[None]], deadline: float, what: str,
                     raise
             if not _retriable(exc) or now + backoff > deadline:
                 raise
-            log.warning("%s failed (%s); retrying in %.1fs", what, exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            log.warning("%s failed (%s); retrying in %.1fs", what, str(exc), backoff)
         else:
             return
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, BACKOFF_MAX)
 
 
 async def restore_to_serve(

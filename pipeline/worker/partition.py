@@ -13,8 +13,9 @@ commits through the same path), and tells it where the consumer was positioned
   down, timeouts) is simply redone, and a non-retriable one that repeats
   from the same offset bisects the transaction until the offending record is
   alone, which is redone with its outputs stamped now (refused for its
-  timestamp) or goes to the DLQ (``unproducible``); when even its DLQ record
-  is refused, :class:`~pipeline.errors.PartitionUnservedError` stops the worker;
+  timestamp) or goes to the DLQ (``unproducible``, its DLQ record stamped now
+  if that is refused for its timestamp); when even its DLQ record is refused
+  otherwise, :class:`~pipeline.errors.PartitionUnservedError` stops the worker;
 - fenced, anywhere (begin, send, offsets, commit, abort): FENCED; the loop
   closes it and never opens it again until the group assigns it again;
 - the producer cannot continue, or the store failed: BROKEN, closed and opened

@@ -8,9 +8,11 @@ Two ways a record becomes poison:
   (each redo holds half as many records) until the record that fails is alone.
   Refused for its timestamp, that record is first redone with its outputs stamped
   with the current time (``restamp``); refused again, or for any other reason, it
-  goes to the DLQ (``unproducible``), with the broker's error. When even its DLQ
-  record is refused, nothing more can be done for the partition:
-  :meth:`PoisonTracker.commit_failed` says so, and the worker stops with one line naming the record.
+  goes to the DLQ (``unproducible``), with the broker's error. Its DLQ record
+  refused for its timestamp is redone stamped with the current time too. When
+  even its DLQ record is refused otherwise, or again, nothing more can be done
+  for the partition: :meth:`PoisonTracker.commit_failed` says so, and the worker
+  stops with one line naming the record.
 
 Retriable failures (broker down, timeouts) are simply redone: they never
 bisect and never make poison.
@@ -84,6 +86,15 @@ class PoisonTracker:
         self.limit, self._failed_at = None, None
         earlier = self.poison.get(start)
         if earlier is not None and earlier.reason != RESTAMP:
+            if not earlier.restamp and isinstance(cause, InvalidTimestampError):
+                log.warning(
+                    "%s: the DLQ record of offset %s is refused for its timestamp (%r); redoing it stamped with the current time",
+                    self.name,
+                    start,
+                    cause,
+                )
+                self.poison[start] = earlier._replace(restamp=True)
+                return None
             return f"offset {start} cannot be written even to the DLQ ({earlier.reason}): the broker refused it: {cause!r}"[
                 :1000
             ]
@@ -94,7 +105,7 @@ class PoisonTracker:
                 start,
                 cause,
             )
-            self.poison[start] = Poison(RESTAMP, repr(cause)[:1000])
+            self.poison[start] = Poison(RESTAMP, repr(cause)[:1000], restamp=True)
             return None
         log.warning("%s: offset %s alone fails to commit (%r); it goes to the DLQ", self.name, start, cause)
         self.poison[start] = Poison(UNPRODUCIBLE, f"the broker refused its outputs: {cause!r}"[:1000])

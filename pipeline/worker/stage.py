@@ -22,6 +22,7 @@ class Poison(NamedTuple):
 
     reason: str
     error: str
+    restamp: bool = False  # its outputs (its DLQ record, when it is poison) are stamped with the current time
 
 
 class HandlerFailedError(PipelineError):

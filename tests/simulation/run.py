@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--list", help="run these seeds instead, comma-separated (e.g. 187,2489)")
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)"
     )
@@ -146,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(result.trace))
         print(f"({time.monotonic() - started:.2f}s real, counts {result.counts})")
         return 0 if result.ok else 1
-    failures = run_many(range(args.first, args.first + args.seeds), args.jobs, stop_after=args.stop_after)
+    seeds = (
+        [int(seed) for seed in args.list.split(",")]
+        if args.list
+        else range(args.first, args.first + args.seeds)
+    )
+    failures = run_many(seeds, args.jobs, stop_after=args.stop_after)
     for _seed, report in failures[:3]:
         print("\n" + report)
     return 1 if failures else 0

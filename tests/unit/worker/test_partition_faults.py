@@ -147,6 +147,52 @@ async def test_a_record_refused_even_stamped_now_goes_to_the_dlq_and_a_refused_d
         await _drive(h, records(0, 10, K[:3]))
 
 
+async def test_a_dlq_record_refused_for_its_timestamp_is_redone_stamped_now(open_partition: Opener) -> None:
+    """Outputs refused (too large), then their DLQ record refused for its timestamp: the DLQ record is redone
+    stamped with the current time (the original in a header); the partition goes on (simulation seed 2489)."""
+    h = await open_partition()
+    now_ms = int(time.time() * 1000)
+    ahead = now_ms + 60 * 86_400_000
+
+    def refuse(sent: list[Sent]) -> BaseException | None:
+        refused: BaseException | None = None
+        if any(s.timestamp > now_ms + 3_600_000 for s in sent):
+            refused = InvalidTimestampError()
+        elif any(s.key == K[1].encode() and s.topic == TOPICS.commands for s in sent):
+            refused = MessageSizeTooLargeError()
+        return refused
+
+    h.producer.fail_send_if = refuse
+    await _drive(h, [record(10, K[0]), record(11, K[1], timestamp=ahead), record(12, K[2])])
+    assert sorted(s.json()["key"] for s in h.producer.committed_to(TOPICS.commands)) == sorted([K[0], K[2]])
+    [dead] = h.producer.committed_to(TOPICS.dlq)
+    assert dead.json()["reason"] == "unproducible"
+    assert dead.timestamp <= int(time.time() * 1000)
+    assert dict(dead.headers)[ORIGINAL_TIMESTAMP_HEADER] == str(ahead).encode()
+    assert h.part.state is S.READY
+
+
+async def test_a_dlq_record_refused_for_its_timestamp_even_stamped_now_stops_the_partition(
+    open_partition: Opener,
+) -> None:
+    """A DLQ that refuses every timestamp: its record is redone stamped now once, then one line, no loop."""
+    h = await open_partition()
+
+    def refuse(sent: list[Sent]) -> BaseException | None:
+        refused: BaseException | None = None
+        if any(s.topic == TOPICS.dlq for s in sent):
+            refused = InvalidTimestampError()
+        elif any(s.key == K[1].encode() for s in sent):
+            refused = MessageSizeTooLargeError()
+        return refused
+
+    h.producer.fail_send_if = refuse
+    with pytest.raises(
+        PartitionUnservedError, match=r"cannot be written even to the DLQ.*InvalidTimestampError"
+    ):
+        await _drive(h, records(0, 10, K[:3]), rounds=60)
+
+
 async def test_a_fence_seen_while_aborting_makes_the_partition_fenced_not_broken(
     open_partition: Opener,
 ) -> None:
