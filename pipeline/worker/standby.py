@@ -142,7 +142,6 @@ class Standby:
         while True:
             try:
                 await self._round()
-                backoff = RETRY_FIRST_S
             except StoreIdentityError as exc:  # someone else's store: never touched
                 log.warning("standby %s: %s; keeping no standby of it", self.name, exc)
                 self._close_store()
@@ -150,14 +149,19 @@ class Standby:
                 return
             except Exception as exc:  # any other is a bug: logged whole, and retried all the same
                 if isinstance(exc, RETRIED):
-                    log.warning("standby %s: %s; trying again in %.0fs", self.name, exc, backoff)
+                    log.warning("standby %s: %s; trying again in %.0fs", self.name, str(exc), backoff)
                 else:  # a standby never stops the worker: its serving partitions go on
                     log.exception("standby %s: unexpected error; trying again in %.0fs", self.name, backoff)
                 self._close_store()
                 if self.state is State.FOLLOWING:
                     self.lifecycle.move(State.OPENING)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_MAX_S)
+            else:
+                backoff = RETRY_FIRST_S
+                continue
+            # waited outside the except block: the failure's traceback holds RocksDB handles, which keep
+            # the closed store locked (a promotion opening it meanwhile would find it "held")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_MAX_S)
 
     async def _round(self) -> None:
         """Replay the changelog to the end it has now; wait when there was nothing to replay."""

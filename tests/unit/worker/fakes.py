@@ -158,6 +158,19 @@ def classifier() -> Classifier:
 # -- the producer ------------------------------------------------------------------------
 
 
+class FailingWrites:
+    """A store's database whose writes fail, as a disk error makes RocksDB's fail."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write(self, *_: Any) -> None:
+        raise Exception("IO error: No space left on device")  # rocksdict raises bare Exception
+
+
 @dataclass(frozen=True)
 class Sent:
     """One record the producer was sent, decoded from the batch it travelled in."""

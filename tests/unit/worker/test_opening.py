@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,20 +12,9 @@ from pipeline.errors import StoreError
 from pipeline.state.store import PartitionStore
 from pipeline.worker import opening
 
+from .fakes import FailingWrites
+
 HOUR = 3_600_000
-
-
-class _FailingWrites:
-    """The store's database, its writes failing as a disk error makes RocksDB's fail."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def write(self, *_: Any) -> None:
-        raise Exception("IO error: No space left on device")  # rocksdict raises bare Exception
 
 
 async def test_a_store_closed_while_its_failed_restore_waits_to_retry_can_be_opened_again(
@@ -38,7 +26,7 @@ async def test_a_store_closed_while_its_failed_restore_waits_to_retry_can_be_ope
     monkeypatch.setattr(opening, "BACKOFF_FIRST", 0.2)
     path = tmp_path / "p0"
     store = PartitionStore.open(path, bucket_ms=HOUR)
-    store._db = _FailingWrites(store._db)  # type: ignore[assignment]
+    store._db = FailingWrites(store._db)  # type: ignore[assignment]
     now = int(time.time() * 1000)
 
     async def restore_step() -> None:

@@ -9,10 +9,14 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
+from pipeline.errors import StoreError
+from pipeline.state.store import PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import standby as standby_module
 from pipeline.worker.lifecycle import StandbyState
 from pipeline.worker.standby import Standby
+
+from .fakes import FailingWrites
 
 TP = TopicPartition("raw", 0)
 CHANGELOG = TopicPartition("raw-changelog", 0)
@@ -52,3 +56,42 @@ async def test_an_unexpected_error_in_a_round_is_retried_and_closing_still_works
     finally:
         assert await standby.close() == -1
     assert standby.lifecycle.closed
+
+
+async def test_a_store_closed_after_a_failed_round_is_released_while_the_standby_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round failing on a disk write closes the store; during the backoff that follows, the same process can
+    open it (a promotion does): the failure, whose traceback holds a column family handle, is not kept."""
+    failed: list[StoreError] = []
+
+    async def catch_up(store: PartitionStore, changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        store._db = FailingWrites(store._db)  # type: ignore[assignment]
+        try:
+            store.write_raw([(b"k", b"v", 2 * 3_600_000)], changelog_offset=0, stream_time=1)
+        except StoreError as exc:
+            failed.append(exc)
+            raise
+        return 0, 0
+
+    async def reader() -> Any:
+        return object()
+
+    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 5.0)
+    path = tmp_path / "s"
+    standby = Standby(
+        TP, changelog=CHANGELOG, identity=IDENTITY, path=path, bucket_ms=3_600_000, reader=reader
+    )
+    standby.start()
+    try:
+        for _ in range(200):
+            if failed and standby.store is None:
+                break
+            await asyncio.sleep(0.01)
+        assert failed
+        assert standby.store is None  # closed; waiting to try again
+        failed.clear()  # this test's own reference to the failure
+        PartitionStore.open(path, bucket_ms=3_600_000, identity=IDENTITY).close()  # not StoreLockedError
+    finally:
+        await standby.close()
