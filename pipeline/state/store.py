@@ -284,10 +284,9 @@ class PartitionStore:
         put = batch.put
         for key, value, expires_at in entries:
             bucket = expires_at // width
-            handle = handles.get(bucket)
-            if handle is None:
-                handle = self._handle(bucket)
-            put(key, value, handle)
+            # no handle in a local: a failed write's traceback keeps this frame, and a live column family
+            # handle keeps the database locked after close (the same process could not open it again)
+            put(key, value, handles.get(bucket) or self._handle(bucket))
         self._commit(batch, changelog_offset, stream_time)
 
     def _commit(self, batch: WriteBatch, changelog_offset: int | None, stream_time: int) -> None:

@@ -20,6 +20,7 @@ from pipeline.errors import (
 from pipeline.state.decision import Entry
 from pipeline.state.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity, classify_open_failure, classify_write_failure
+from tests.unit.worker.fakes import FailingWrites
 
 HOUR = 3_600_000
 IDENTITY = StoreIdentity("webhooks", "workers", "webhooks.raw", 3, "webhooks-seen-changelog")
@@ -64,6 +65,26 @@ def test_a_store_held_by_another_handle_is_locked_not_corrupt(store: PartitionSt
     with pytest.raises(StoreLockedError) as caught:
         PartitionStore.open(store.path, bucket_ms=HOUR)
     assert caught.value.retriable
+
+
+@pytest.mark.parametrize("method", ["write", "write_raw"])
+def test_a_store_closed_while_its_failed_write_is_still_held_can_be_opened_again(
+    tmp_path: Path, method: str
+) -> None:
+    """A failed write's error, kept (by a retry, a log record), holds no column family handle: once the store
+    is closed the same process opens it again (a live handle keeps RocksDB's lock; simulation seed 3024)."""
+    store = PartitionStore.open(tmp_path / "p0", bucket_ms=HOUR)
+    store._db = FailingWrites(store._db)  # type: ignore[assignment]
+    entry = _entry(HOUR)
+    if method == "write":
+        with pytest.raises(StoreError) as caught:
+            store.write({b"k": Change(entry, None, entry.encode())}, changelog_offset=0, stream_time=HOUR)
+    else:
+        with pytest.raises(StoreError) as caught:
+            store.write_raw([(b"k", entry.encode(), entry.expires_at)], changelog_offset=0, stream_time=HOUR)
+    store.close()
+    PartitionStore.open(tmp_path / "p0", bucket_ms=HOUR).close()  # StoreLockedError while a handle lived
+    assert caught.value is not None  # the error, and its traceback, were alive all along
 
 
 def test_an_unreadable_store_is_reported_as_corrupt(tmp_path: Path) -> None:
