@@ -11,6 +11,9 @@ rebalance listener hears of its new partitions.
 - The leader plans with :func:`pipeline.worker.assignment.plan` and writes each
   member's standby partitions into its assignment's ``user_data``; the active
   partitions travel as in any consumer assignment.
+- A subscribed topic the leader's metadata has no partitions of is reported
+  (``unplanned``): :class:`~pipeline.worker.metadata_refresh.MetadataRefresh`
+  then asks for the metadata and a new rebalance.
 
 The protocol keeps the name ``roundrobin``, which workers from before standbys
 offer (aiokafka's default assignor). Kafka picks a protocol every member offers,
@@ -53,9 +56,16 @@ class StandbyAssignor:
     name = "roundrobin"  # what workers before standbys offer: see the module
     version = 0
 
-    def __init__(self, *, replicas: int, held: Callable[[], Held]) -> None:
+    def __init__(
+        self,
+        *,
+        replicas: int,
+        held: Callable[[], Held],
+        unplanned: Callable[[frozenset[str]], None] | None = None,
+    ) -> None:
         self.replicas = replicas  # standbys per partition, when this worker leads
         self._held = held
+        self._unplanned = unplanned  # told the subscribed topics this worker led without the partitions of
         self.standbys: frozenset[TopicPartition] = frozenset()  # this member's, from its last assignment
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
@@ -68,12 +78,14 @@ class StandbyAssignor:
         """The leader's plan for every member (aiokafka's ``ClusterMetadata`` gives the partitions)."""
         claims = {member: decode_claim(meta.subscription, meta.user_data) for member, meta in members.items()}
         topics = sorted({topic for claim in claims.values() for topic in claim.subscription})
-        partitions = [
-            TopicPartition(topic, partition)
-            for topic in topics
-            for partition in sorted(cluster.partitions_for_topic(topic) or ())
-        ]
+        known = {topic: sorted(cluster.partitions_for_topic(topic) or ()) for topic in topics}
+        partitions = [TopicPartition(topic, partition) for topic in topics for partition in known[topic]]
         plans = plan(partitions, claims, replicas=self.replicas)
+        unplanned = frozenset(topic for topic, numbers in known.items() if not numbers)
+        if unplanned and self._unplanned is not None:
+            # this worker's metadata lacks them (an update failed or answered an error): nobody gets
+            # their partitions until a rebalance led with fresh metadata (``unplanned`` asks for one)
+            self._unplanned(unplanned)
         log.info(
             "assignment (this worker leads the group): %s",
             "; ".join(

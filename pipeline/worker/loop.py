@@ -39,6 +39,7 @@ from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
+from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import observe_lag, observe_store
 from pipeline.worker.ownership import Owned, Ownership
@@ -96,6 +97,7 @@ class Worker:
         self._consumer: AIOKafkaConsumer | None = None
         self._context: PartitionContext | None = None
         self._standbys: StandbyReplicas | None = None
+        self._metadata = MetadataRefresh()
         self._http: web.AppRunner | None = None
 
     # -- lifecycle ---------------------------------------------------------------
@@ -128,7 +130,7 @@ class Worker:
             member=self._member,
         )
         standbys = self._standbys = StandbyReplicas(
-            self._context, dict(self._stages()), self._served_positions
+            self._context, dict(self._stages()), self._served_positions, unplanned=self._metadata.missing
         )
         standbys.scan()
         consumer = worker_consumer(self.settings, assignor=standbys.assignor)
@@ -138,6 +140,7 @@ class Worker:
             await internals.stop_consumer(consumer)
             raise BrokerUnavailableError(f"cannot reach Kafka at {self.settings.bootstrap}: {exc}") from None
         self._consumer = consumer
+        self._metadata.attach(consumer)
         self._table.attach(consumer, self._context, standbys)
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if self.settings.metrics_port is not None:
@@ -332,6 +335,7 @@ class Worker:
         await asyncio.gather(*(self._table.close(entry, commit=commit) for entry in owned))
         if self._standbys is not None:
             await self._standbys.close()
+        await self._metadata.close()
         await internals.stop_consumer(consumer)
         if self._http is not None:
             await self._http.cleanup()

@@ -44,7 +44,12 @@ class StandbyReplicas:
     """The standbys of one worker, and the positions it claims in its JoinGroup metadata."""
 
     def __init__(
-        self, context: PartitionContext, changelogs: Mapping[str, str], served_positions: Positions
+        self,
+        context: PartitionContext,
+        changelogs: Mapping[str, str],
+        served_positions: Positions,
+        *,
+        unplanned: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self.context = context
         self.settings = context.settings.for_topology(context.topology.app)
@@ -53,7 +58,9 @@ class StandbyReplicas:
         self.known: dict[TopicPartition, int] = {}  # last position of every store on this worker's disk
         self.served: frozenset[TopicPartition] = frozenset()  # assigned in the last generation
         self.held: dict[TopicPartition, Standby] = {}
-        self.assignor = StandbyAssignor(replicas=self.settings.standby_replicas, held=self.claim)
+        self.assignor = StandbyAssignor(
+            replicas=self.settings.standby_replicas, held=self.claim, unplanned=unplanned
+        )
         self._reader: ChangelogReader | None = None
         self._reader_lock = asyncio.Lock()
         self._observed: set[TopicPartition] = set()  # standbys whose gauges are set

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    LeaderNotAvailableError,
     ProducerFenced,
     RequestTimedOutError,
     UnknownMemberIdError,
@@ -22,6 +24,7 @@ from aiokafka.errors import (
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.metadata import MetadataResponse_v1
 
 from pipeline.kafka import internals
 
@@ -249,3 +252,26 @@ def test_aiokafkas_coordinator_has_what_generation_current_reads() -> None:
         )
         == 1
     )
+
+
+async def test_force_metadata_update_reaches_the_consumers_client() -> None:
+    """``_client.force_metadata_update`` is what the metadata refresh after an unplanned topic awaits."""
+    consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1", group_id="g")
+    try:
+        assert callable(consumer._client.force_metadata_update)
+    finally:
+        await consumer.stop()
+
+
+def test_aiokafka_drops_a_topic_its_metadata_answer_gives_an_error_for() -> None:
+    """Why a leader can lack its input's partitions: an answer with LEADER_NOT_AVAILABLE (a broker loading its
+    logs after a restart) removes the topic from the cluster metadata, and its partitions are unknown."""
+    cluster = ClusterMetadata()
+    broker = [(0, "b", 9092, None)]
+    known = MetadataResponse_v1(broker, 0, [(0, "raw", False, [(0, 0, 0, [0], [0])])])
+    cluster.update_metadata(known)
+    assert cluster.partitions_for_topic("raw") == {0}
+    cluster.update_metadata(
+        MetadataResponse_v1(broker, 0, [(LeaderNotAvailableError.errno, "raw", False, [])])
+    )
+    assert cluster.partitions_for_topic("raw") is None

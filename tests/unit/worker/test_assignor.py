@@ -115,3 +115,23 @@ def test_the_most_current_member_is_given_the_partition() -> None:
     given = _assignor().assign(Cluster({TOPIC: 1}), members)
     assert given["ahead"].partitions() == [tp]
     assert decode_standbys(given["behind"].user_data) == [tp]
+
+
+def test_a_leader_without_a_topics_partitions_reports_it_unplanned() -> None:
+    """A subscribed topic missing from the leader's metadata is assigned to nobody and reported, once per plan."""
+    reported: list[frozenset[str]] = []
+    held = Held({}, frozenset())
+    leader = StandbyAssignor(replicas=0, held=lambda: held, unplanned=reported.append)
+    given = leader.assign(Cluster({}), {"a": _metadata(leader), "b": _metadata(_assignor())})
+    assert all(not assignment.partitions() for assignment in given.values())
+    assert reported == [frozenset({TOPIC})]
+
+
+def test_a_leader_with_every_topics_partitions_reports_nothing() -> None:
+    """With the metadata complete, nothing is reported and every partition has an owner."""
+    reported: list[frozenset[str]] = []
+    held = Held({}, frozenset())
+    leader = StandbyAssignor(replicas=0, held=lambda: held, unplanned=reported.append)
+    given = leader.assign(Cluster({TOPIC: 4}), {"a": _metadata(leader), "b": _metadata(_assignor())})
+    assert sorted(p for a in given.values() for _t, ps in a.assignment for p in ps) == [0, 1, 2, 3]
+    assert reported == []

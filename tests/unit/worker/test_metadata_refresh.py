@@ -1,0 +1,90 @@
+"""After leading a rebalance without a topic's partitions, the worker asks for them until they come, then rejoins."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pipeline.worker.metadata_refresh import MetadataRefresh
+
+TOPIC = "raw"
+
+
+class FakeConsumer:
+    """What the refresh touches on a group consumer: its client's metadata update and its coordinator's rejoin."""
+
+    def __init__(self, *, known_after: int) -> None:
+        self.updates = 0
+        self.rejoins: list[int] = []  # the number of updates made when each rejoin was asked
+        self.known_after = known_after  # the update that brings the topic's partitions
+        self._client = self
+        self._coordinator = self
+
+    async def force_metadata_update(self) -> bool:
+        self.updates += 1
+        return True
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {0, 1} if topic == TOPIC and self.updates >= self.known_after else None
+
+    def request_rejoin(self) -> None:
+        self.rejoins.append(self.updates)
+
+
+async def _settled(refresh: MetadataRefresh, seconds: float = 1.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while refresh.pending and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.005)
+
+
+async def test_the_metadata_is_asked_for_until_the_topic_comes_then_the_group_is_rejoined_once() -> None:
+    """Two updates without the topic, the third brings it: one rejoin, after it, and nothing waited for after."""
+    consumer: Any = FakeConsumer(known_after=3)
+    refresh = MetadataRefresh(first_backoff=0.001, max_backoff=0.002)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    assert refresh.pending == {TOPIC}
+    await _settled(refresh)
+    assert consumer.rejoins == [3]
+    assert refresh.pending == frozenset()
+    await refresh.close()
+
+
+async def test_a_second_report_while_refreshing_starts_no_second_refresh() -> None:
+    """Reported again meanwhile (another rebalance led without it): still one refresh and one rejoin."""
+    consumer: Any = FakeConsumer(known_after=4)
+    refresh = MetadataRefresh(first_backoff=0.001, max_backoff=0.002)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    await asyncio.sleep(0)
+    refresh.missing(frozenset({TOPIC}))
+    await _settled(refresh)
+    assert consumer.rejoins == [4]
+    await refresh.close()
+
+
+async def test_closing_stops_a_refresh_that_never_got_the_topic() -> None:
+    """A topic that never comes is asked for until the worker stops; no rejoin is asked for it."""
+    consumer: Any = FakeConsumer(known_after=10**9)
+    refresh = MetadataRefresh(first_backoff=0.001, max_backoff=0.002)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    await asyncio.sleep(0.05)
+    await refresh.close()
+    made = consumer.updates
+    await asyncio.sleep(0.02)
+    assert made > 1
+    assert consumer.updates == made
+    assert consumer.rejoins == []
+
+
+async def test_nothing_is_asked_for_when_every_topic_was_planned() -> None:
+    """An empty report starts nothing."""
+    consumer: Any = FakeConsumer(known_after=0)
+    refresh = MetadataRefresh()
+    refresh.attach(consumer)
+    refresh.missing(frozenset())
+    await asyncio.sleep(0.01)
+    assert consumer.updates == 0
+    assert consumer.rejoins == []
+    await refresh.close()
