@@ -22,6 +22,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.kafka.admin import TopicSpec, ensure_topics
+from tests.simulation import background
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SH = ROOT / "deploy" / "kafka" / "kafka.sh"
@@ -137,6 +138,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     terminalreporter.section("last lines of the broker log")
     for line in lines:
         terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they deselect
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The many-seed simulation test goes last, its run started now beside the other tests."""
+    background.schedule(config, items)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A session that ends early kills the simulation run it started."""
+    background.stop(config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -134,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)"
     )
     parser.add_argument("--stop-after", type=int, help="stop after this many failures")
+    parser.add_argument(
+        "--nice", type=int, default=0, help="lower this run's CPU priority by this much (its processes too)"
+    )
     args = parser.parse_args(argv)
     _ensure_hash_seed()
+    if args.nice:
+        os.nice(args.nice)
     if args.seed is not None:
         _quiet()
         from tests.simulation.world import run_seed  # noqa: PLC0415

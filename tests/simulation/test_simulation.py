@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.simulation import background
+from tests.simulation.background import BackgroundSeeds
+
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SEEDS = 500
 JOBS = 2
 
 
@@ -41,12 +43,20 @@ def test_every_seed_holds_exactly_once_and_liveness(request: pytest.FixtureReque
         print(result.stdout[-20000:])
         assert result.returncode == 0, f"seed {seed} fails:\n{result.stdout[-8000:]}\n{result.stderr[-2000:]}"
         return
-    seeds = request.config.getoption("--seeds") or DEFAULT_SEEDS
-    # 500 seeds take 2-4 min on 2 cores; a run past this is a hang (it ends the CI run well under 30 min)
-    result = _run("--seeds", str(seeds), "--jobs", str(JOBS), timeout=max(600.0, seeds * 1.5))
-    print(result.stdout[-4000:])
-    assert result.returncode == 0, f"failing seeds:\n{result.stdout[-12000:]}\n{result.stderr[-2000:]}"
-    assert f"{seeds} seeds in" in result.stdout  # every seed ran
+    # started when the session began, niced, beside the other tests (tests/simulation/background.py)
+    run = background.started(request.config)
+    own = run is None
+    if run is None:
+        run = BackgroundSeeds(request.config.getoption("--seeds") or background.DEFAULT_SEEDS)
+    try:
+        # 500 seeds take 4-8 min of 2 cores; still going this long after the rest of the session: a hang
+        code, output = run.result(timeout=max(600.0, run.seeds * 1.5))
+    finally:
+        if own:
+            run.stop()
+    print(output[-4000:])
+    assert code == 0, f"failing seeds:\n{output[-12000:]}"
+    assert f"{run.seeds} seeds in" in output  # every seed ran
 
 
 def test_one_seed_gives_the_same_run_every_time() -> None:
