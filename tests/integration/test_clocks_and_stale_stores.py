@@ -22,18 +22,16 @@ DAY_MS = 86_400_000
 
 
 async def _set_after_max(env: Env, topics: list[str], value: int) -> None:
+    await _set_config(env, topics, "message.timestamp.after.max.ms", value)
+
+
+async def _set_config(env: Env, topics: list[str], name: str, value: int) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
     await admin.start()
     try:
         for topic in topics:
             await admin.alter_configs(
-                [
-                    ConfigResource(
-                        ConfigResourceType.TOPIC,
-                        topic,
-                        configs={"message.timestamp.after.max.ms": str(value)},
-                    )
-                ]
+                [ConfigResource(ConfigResourceType.TOPIC, topic, configs={name: str(value)})]
             )
     finally:
         await admin.close()
@@ -112,3 +110,32 @@ async def test_a_state_dir_that_outlived_its_topics_is_rebuilt_not_trusted(pipel
     commands = await read_committed(env.bootstrap, env.topo.topics.commands)
     assert Counter(r.key.decode() for r in commands) == Counter({f"stripe:{e}": 1 for e in ids})
     assert "wiping it and restoring from the changelog" in env.log_tail("w1", 400)
+
+
+async def test_a_command_refused_for_its_size_whose_dlq_record_is_refused_for_its_timestamp_is_dead_lettered_now(
+    pipeline_env: MakeEnv,
+) -> None:
+    """Seed 2489 on the real broker: both limits lowered while the worker runs (it read neither), a record dated 60
+    days ahead whose command is too large goes to the DLQ, whose record is refused for its timestamp and then
+    written once stamped now; its key stays unclaimed, the worker goes on."""
+    env: Env = await pipeline_env(partitions=1)
+    await _set_after_max(env, _outputs(env), NO_LIMIT_MS)
+    env.start_worker("w1")
+    await env.produce_stripe(["evt_a"])
+    assert len(await wait_for_audit(env, 1, timeout=90)) == 1
+    await _set_config(env, [env.topo.topics.commands], "max.message.bytes", 2048)
+    await _set_after_max(env, [env.topo.topics.dlq], 3_600_000)
+    ahead = int(time.time() * 1000) + 60 * DAY_MS
+    big = env.stripe_body("evt_big", size=4096)
+    await env.produce([(b"stripe:evt_big", big, [("source", b"stripe")], None, ahead)])
+    await env.produce_stripe(["evt_b"])
+    audit = await wait_for_audit(env, 3, timeout=90)
+    assert env.processes[0].poll() is None, env.log_tail("w1")
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    assert sorted(r.key for r in commands) == [b"stripe:evt_a", b"stripe:evt_b"], env.log_tail("w1")
+    [dead] = await read_committed(env.bootstrap, env.topo.topics.dlq)
+    assert dead.key == b"stripe:evt_big"
+    assert dead.timestamp <= int(time.time() * 1000) + 60_000
+    assert dict(dead.headers).get("original-timestamp") == str(ahead).encode()
+    assert "the DLQ record of offset" in env.log_tail("w1", 400), env.log_tail("w1", 400)
+    assert len(audit) == 3
