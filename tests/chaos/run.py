@@ -22,7 +22,8 @@ committed offset has moved past where it stood when the fault completed (the bro
 up, the leaving worker exited, the joining worker assigned partitions; for SIGKILL and
 SIGSTOP the injection itself) and (b) the group's committed offsets reached the
 input's end offsets as of the injection (everything produced before the fault is processed
-and committed). "Max stall" is the longest time one input partition's committed offset
+and committed), or nothing a read_committed reader gets lies between them (an aborted
+transaction's records and its marker at a partition's end: ``tests/chaos/settled.py``). "Max stall" is the longest time one input partition's committed offset
 stood still in that window. Both come from the group's committed offsets, sampled every
 250 ms.
 
@@ -53,6 +54,7 @@ from pipeline.kafka.admin import ensure_topics, topic_specs
 from pipeline.kafka.partitioner import owner_partition
 from tests.chaos.checker import check
 from tests.chaos.cluster import Broker, InputProducer, Monitor, Sample, Workers
+from tests.chaos.settled import Settled
 from tests.chaos.workload import SOURCES, Materializer, plan
 
 FAULT_KINDS = ("sigkill", "sigstop", "broker", "outage", "join", "leave")
@@ -82,6 +84,8 @@ class Run:
     faults: list[Fault] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # harness errors and exactly-once violations
     liveness: list[str] = field(default_factory=list)  # crashes, hangs, no recovery: not a safety violation
+    # the input partitions found with nothing readable left (made once the topics exist)
+    settled: Settled | None = None
 
     def now(self) -> float:
         return time.monotonic() - self.began
@@ -172,15 +176,20 @@ partitions = {partitions}
 
 
 def recovered_at(
-    samples: list[Sample], t0: float, baseline: Sample, completed: float
+    samples: list[Sample], t0: float, baseline: Sample, completed: float, settled: Settled | None = None
 ) -> tuple[float | None, float | None]:
     """When the group recovered from a fault injected at ``t0`` (see the module docstring), and the max stall.
 
     ``completed`` is when the fault's action was over (the broker answering again, the leaving
     worker gone, the joining one assigned): progress counts from the first sample after it, so a
     leaving worker's final commit or a commit squeezed in while the broker shuts down is not
-    mistaken for recovery.
+    mistaken for recovery. A partition ``settled`` found with nothing readable between its committed
+    offset and its end (an aborted transaction's records and markers only) counts as caught up.
     """
+
+    def nothing_left(s: Sample, p: int) -> bool:
+        return settled is not None and settled.holds(p, s.committed[p], s.ends[p])
+
     caught = None
     moving: dict[int, float] = {}
     start: dict[int, int] | None = None
@@ -188,7 +197,9 @@ def recovered_at(
     for s in samples:
         if s.at < t0:
             continue
-        if caught is None and all(s.committed[p] >= baseline.ends[p] for p in baseline.ends):
+        if caught is None and all(
+            s.committed[p] >= baseline.ends[p] or nothing_left(s, p) for p in baseline.ends
+        ):
             caught = s.at
         if start is None:
             if s.at >= completed:
@@ -203,7 +214,7 @@ def recovered_at(
             # released after the recovery, would make it move: waiting for them never ends)
             # (the end may sit one past the committed offset: a transaction marker of a reroute)
             idle = s.ends[p] == start_ends.get(p) and s.ends[p] - offset <= 1
-            if offset > start[p] or idle:
+            if offset > start[p] or idle or nothing_left(s, p):
                 moving[p] = s.at
         if caught is not None and len(moving) == len(baseline.ends):
             done = max(caught, *moving.values())
@@ -237,12 +248,31 @@ def wait_recovered(
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        fault.recovery, fault.stall = recovered_at(monitor.since(t0 - 1), t0, baseline, completed)
+        fault.recovery, fault.stall = recovered_at(
+            monitor.since(t0 - 1), t0, baseline, completed, run.settled
+        )
         if fault.recovery is not None:
             return
         check_alive(run, workers)
+        latest = monitor.latest()
+        if run.settled is not None and latest is not None and time.monotonic() - t0 > 10:
+            run.settled.check(latest, [p for p in latest.ends if latest.committed[p] < baseline.ends[p]])
         time.sleep(0.25)
-    run.liveness.append(f"fault {fault.number} ({fault.kind}): no recovery within {timeout:.0f}s")
+    run.liveness.append(
+        f"fault {fault.number} ({fault.kind}): no recovery within {timeout:.0f}s; "
+        + partition_states(monitor.latest(), baseline)
+    )
+
+
+def partition_states(s: Sample | None, baseline: Sample | None = None) -> str:
+    """Each input partition's committed offset and end (and end at the fault), for a failure's line."""
+    if s is None:
+        return "no sample of the group's offsets"
+    return "; ".join(
+        f"p{p} committed {s.committed[p]} end {s.ends[p]}"
+        + (f" (end at the fault {baseline.ends[p]})" if baseline is not None else "")
+        for p in sorted(s.ends)
+    )
 
 
 def fresh_sample(monitor: Monitor, timeout: float = 30.0) -> Sample:
@@ -374,7 +404,12 @@ def wait_drained(run: Run, monitor: Monitor, workers: Workers, deadline: float) 
         check_alive(run, workers)
         s = monitor.latest()
         if s is not None:
-            drained = all(s.ends[p] - s.committed[p] <= 1 for p in s.ends)
+            lagging = [p for p in s.ends if s.ends[p] - s.committed[p] > 1]
+            if run.settled is not None and lagging:
+                run.settled.check(s, lagging)
+            drained = all(
+                run.settled is not None and run.settled.holds(p, s.committed[p], s.ends[p]) for p in lagging
+            )
             state = (tuple(s.ends.values()), tuple(s.committed.values()))
             if drained and state == last:
                 stable_since = stable_since or time.monotonic()
@@ -384,7 +419,10 @@ def wait_drained(run: Run, monitor: Monitor, workers: Workers, deadline: float) 
                 stable_since = None
             last = state
         time.sleep(0.5)
-    raise HarnessError(f"the workers did not drain the input in time (lag {monitor.lag()})")
+    raise HarnessError(
+        f"the workers did not drain the input in time (lag {monitor.lag()}: "
+        f"{partition_states(monitor.latest())})"
+    )
 
 
 def scan_logs(workers: Workers) -> list[str]:
@@ -464,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             workers.start(f"w{i + 1}")
         monitor = Monitor(broker.bootstrap, topo.topics.input, group, args.partitions)
         monitor.start()
+        run.settled = Settled(broker.bootstrap, topo.topics.input)
         producer = InputProducer(
             broker.bootstrap, topo.topics.input, materializer, workload.stream, args.rate
         )
@@ -537,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
             workers.stop_all()
         if monitor is not None:
             monitor.close()
+        if run.settled is not None:
+            run.settled.close()
         log_lines = scan_logs(workers) if workers is not None else []
         broker.stop()
         elapsed = run.now()
