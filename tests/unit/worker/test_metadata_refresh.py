@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiokafka.errors import KafkaConnectionError
+
 from pipeline.worker.metadata_refresh import MetadataRefresh
 
 TOPIC = "raw"
@@ -13,7 +15,8 @@ TOPIC = "raw"
 class FakeConsumer:
     """What the refresh touches on a group consumer: its client's metadata update and its coordinator's rejoin."""
 
-    def __init__(self, *, known_after: int) -> None:
+    def __init__(self, *, known_after: int, failing: int = 0) -> None:
+        self.failing = failing  # the first updates raise (the broker away)
         self.updates = 0
         self.rejoins: list[int] = []  # the number of updates made when each rejoin was asked
         self.known_after = known_after  # the update that brings the topic's partitions
@@ -22,6 +25,8 @@ class FakeConsumer:
 
     async def force_metadata_update(self) -> bool:
         self.updates += 1
+        if self.updates <= self.failing:
+            raise KafkaConnectionError("broker away")
         return True
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
@@ -87,4 +92,15 @@ async def test_nothing_is_asked_for_when_every_topic_was_planned() -> None:
     await asyncio.sleep(0.01)
     assert consumer.updates == 0
     assert consumer.rejoins == []
+    await refresh.close()
+
+
+async def test_updates_that_raise_are_asked_again_until_one_brings_the_topic() -> None:
+    """The broker away for the first two updates (each raises): the refresh goes on, then rejoins once."""
+    consumer: Any = FakeConsumer(known_after=3, failing=2)
+    refresh = MetadataRefresh(first_backoff=0.001, max_backoff=0.002)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    await _settled(refresh)
+    assert consumer.rejoins == [3]
     await refresh.close()
