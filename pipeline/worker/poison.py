@@ -14,6 +14,10 @@ Two ways a record becomes poison:
   for the partition: :meth:`PoisonTracker.commit_failed` says so, and the worker
   stops with one line naming the record.
 
+Once a record is isolated, transactions grow back from one record, doubling on each
+commit, to the size of the batch that failed (a slow start): when the records after it
+are refused too, each costs two failed attempts, not a whole bisection from a full batch.
+
 Retriable failures (broker down, timeouts) are simply redone: they never
 bisect and never make poison.
 """
@@ -59,6 +63,8 @@ class PoisonTracker:
         self.limit: int | None = None  # bisecting: the most records one transaction may hold
         self._failed_at: tuple[int, str] | None = None  # (first offset, error) of the last failed commit
         self._until = 0  # the end of the batch being bisected
+        self._span = 0  # how many records the batch that first failed held
+        self._growing = False  # a record was isolated: the limit doubles on each commit, up to the span
 
     def handler_failed(self, offset: int, reason: str, error: str) -> bool:
         """Mark ``offset`` as poison; ``False`` when it already was (even its DLQ record failed)."""
@@ -78,12 +84,12 @@ class PoisonTracker:
         if self.limit is None and self._failed_at != (start, what):
             self._failed_at = (start, what)  # once may be chance: redo the same batch
             return None
+        if self.limit is None:
+            self._until, self._span = start + count, count
         if count > 1:
-            if self.limit is None:
-                self._until = start + count
             self.limit = max(1, count // 2)
             return None
-        self.limit, self._failed_at = None, None
+        self.limit, self._failed_at, self._growing = 1, None, True  # this record alone, then a slow start
         earlier = self.poison.get(start)
         if earlier is not None and earlier.reason != RESTAMP:
             if not earlier.restamp and isinstance(cause, InvalidTimestampError):
@@ -116,7 +122,12 @@ class PoisonTracker:
         self._failed_at = None
         if end is None:
             return
-        if self.limit is not None and end >= self._until:
-            self.limit = None  # past the batch that failed: back to full transactions
+        if self.limit is not None:
+            if self._growing:
+                self.limit *= 2
+                if self.limit >= self._span:
+                    self.limit, self._growing = None, False  # grown back: full transactions
+            elif end >= self._until:
+                self.limit = None  # past the batch that failed, nothing isolated: full transactions
         for offset in [o for o in self.poison if o < end]:
             del self.poison[offset]

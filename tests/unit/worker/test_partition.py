@@ -392,8 +392,15 @@ async def test_a_commit_refused_twice_from_one_offset_bisects_until_the_offendin
     limits = await _pump(h, batch)
 
     halvings = [limit for previous, limit in zip([None, *limits], limits, strict=False) if limit != previous]
-    assert halvings == [4, 2, 1, None]  # 8 records fail twice → 4 → 2 → 1 alone → to the DLQ, no limit
-    assert _limit(h.part) is None  # back to whole transactions once past the batch
+    assert halvings == [
+        4,
+        2,
+        1,
+        2,
+        4,
+        None,
+    ]  # 8 records fail twice → 4 → 2 → 1 alone → to the DLQ → 2 → 4 → 8: no limit
+    assert _limit(h.part) is None  # grown back to whole transactions
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(13, "unproducible")]
     assert "MessageSizeTooLargeError" in dlq[0]["error"]
@@ -401,6 +408,34 @@ async def test_a_commit_refused_twice_from_one_offset_bisects_until_the_offendin
     assert _claimed(h, *K[:8]) == set(K[:8]) - {bad}
     assert h.producer.committed_offset() == 18
     assert {offset for _, offset in h.seeks} == {10, 12, 13}  # every redo starts at a batch's first offset
+    assert h.producer.violations == []
+
+
+async def test_after_a_record_is_isolated_a_run_of_refused_records_costs_two_attempts_each_not_a_bisection(
+    open_partition: Opener,
+) -> None:
+    """Once one record is dead-lettered, transactions grow back from one record: each refused record after it fails twice (at 2, then alone), never from a full batch."""
+    h = await open_partition()
+    batch = records(0, 10, K[:12])
+    bad = set(K[2:9])  # offsets 12-18: seven refused records in a row
+    h.producer.fail_commit_if = lambda sent: (
+        MessageSizeTooLargeError()
+        if any(s.topic == TOPICS.commands and s.key is not None and s.key.decode() in bad for s in sent)
+        else None
+    )
+
+    limits = await _pump(h, batch, rounds=80)
+
+    # the first bad record costs the bisection from the full batch of 12: twice at 12, then 6, 3, 1;
+    # each of the six after it fails once at 2 and once alone
+    assert h.producer.calls.count("abort") == 5 + 6 * 2
+    assert (
+        max(limit or 0 for limit in limits[limits.index(1) : -3]) <= 2
+    )  # never a full batch while they last
+    assert limits[-3:] == [2, 4, 8]  # once they end, the limit doubles on each commit (to 12: none)
+    assert [d["offset"] for d in h.producer.dlq()] == list(range(12, 19))
+    assert sorted(_command_keys(h.producer)) == sorted(set(K[:12]) - bad)
+    assert h.producer.committed_offset() == 22
     assert h.producer.violations == []
 
 
