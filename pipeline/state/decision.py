@@ -101,14 +101,20 @@ def decide(
     sliding: bool,
     partition: int,
     offset: int,
+    stream_time: int,
     command: str | None = None,
     topic: str | None = None,
     body_hash: str | None = None,
 ) -> Decision:
-    """Decide one copy of a key seen at ``timestamp`` (its record timestamp).
+    """Decide one copy of a key seen at ``timestamp`` (its record timestamp) when the partition's
+    stream time is ``stream_time`` (the latest accepted record's time before this copy).
 
     - no state, or state that expired before ``timestamp``: ``FIRST``; the key
-      is (re)claimed with ``expires_at = timestamp + ttl``;
+      is (re)claimed until ``max(timestamp, stream_time) + ttl``: a claim always
+      lives one whole TTL in stream time from the moment it is made. A copy older
+      than stream time (a redrive from the DLQ days later, a late redelivery)
+      claimed only until ``timestamp + ttl`` would expire at once, in a bucket
+      already dropped, and its next copy would be ``FIRST`` again;
     - live state: ``DUPLICATE``; the duplicate count and last-seen time move,
       and with sliding expiry ``expires_at`` moves to ``timestamp + ttl``;
     - live state whose first copy had another ``body_hash``: ``CONFLICT``, a
@@ -118,7 +124,7 @@ def decide(
     if existing is None or not existing.alive_at(timestamp):
         entry = Entry(
             first_seen=timestamp,
-            expires_at=timestamp + ttl_ms,
+            expires_at=max(timestamp, stream_time) + ttl_ms,
             partition=partition,
             offset=offset,
             last_seen=timestamp,

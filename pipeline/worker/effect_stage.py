@@ -148,6 +148,7 @@ class EffectStage:
             sliding=False,
             partition=delivery.partition,
             offset=delivery.offset,
+            stream_time=txn.stream_time,
             command=str(command.get("command")),
             topic=topic,
         )

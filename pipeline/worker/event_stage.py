@@ -223,6 +223,7 @@ class EventStage:
             sliding=rule.sliding,
             partition=delivery.partition,
             offset=delivery.offset,
+            stream_time=txn.stream_time,
             command=target.command,
             topic=target.topic,
             body_hash=_fingerprint(existing, delivery.value, item, rule),

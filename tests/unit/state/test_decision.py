@@ -13,7 +13,9 @@ from pipeline.state.decision import Decision, Entry, Outcome, decide
 TTL = 1_000
 
 
-def _decide(existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0) -> Decision:
+def _decide(
+    existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0, stream_time: int = 0
+) -> Decision:
     return decide(
         existing,
         timestamp=ts,
@@ -21,6 +23,7 @@ def _decide(existing: Entry | None, ts: int, *, sliding: bool = False, offset: i
         sliding=sliding,
         partition=0,
         offset=offset,
+        stream_time=stream_time,
         command="c",
         topic="t",
     )
@@ -53,6 +56,22 @@ def test_a_copy_at_or_after_expiry_is_processed_again() -> None:
     assert decision.entry.expires_at == 2_100
 
 
+def test_a_copy_older_than_stream_time_is_claimed_for_a_whole_ttl_from_stream_time() -> None:
+    """A redriven or late copy, dated before stream time, claims its key until stream time + TTL, not until
+    its own timestamp + TTL (which stream time may have passed: the claim would be dropped at once)."""
+    decision = _decide(None, 100, stream_time=5_000)
+    assert decision.outcome is Outcome.FIRST
+    assert decision.entry.first_seen == 100
+    assert decision.entry.expires_at == 6_000
+    again = _decide(decision.entry, 100, stream_time=5_000)
+    assert again.outcome is Outcome.DUPLICATE
+
+
+def test_a_copy_newer_than_stream_time_is_claimed_from_its_own_timestamp() -> None:
+    """A copy ahead of stream time claims until its own timestamp + TTL."""
+    assert _decide(None, 7_000, stream_time=5_000).entry.expires_at == 8_000
+
+
 def test_sliding_expiry_extends_from_the_latest_copy() -> None:
     """With sliding expiry a duplicate moves expires_at."""
     first = _decide(None, 100, sliding=True).entry
@@ -83,6 +102,7 @@ def test_decisions_hold_every_field_by_name() -> None:
         sliding=False,
         partition=3,
         offset=7,
+        stream_time=0,
         command="c",
         topic="t",
         body_hash="h",
@@ -104,7 +124,14 @@ def test_decisions_hold_every_field_by_name() -> None:
     assert type(first) is decision.Decision
     assert type(first.entry) is Entry
     later = decide(
-        first.entry, timestamp=200, ttl_ms=TTL, sliding=True, partition=0, offset=9, body_hash="other"
+        first.entry,
+        timestamp=200,
+        ttl_ms=TTL,
+        sliding=True,
+        partition=0,
+        offset=9,
+        stream_time=100,
+        body_hash="other",
     )
     assert later == decision.Decision(
         outcome=Outcome.CONFLICT,
@@ -123,13 +150,24 @@ def test_decisions_are_deterministic() -> None:
 
 def test_a_copy_with_another_body_is_a_conflict_and_still_not_processed() -> None:
     """Same key, different body fingerprint inside the TTL: CONFLICT, counted, never a second FIRST."""
-    first = decide(None, timestamp=1, ttl_ms=TTL, sliding=False, partition=0, offset=0, body_hash="aa").entry
-    decision = decide(first, timestamp=2, ttl_ms=TTL, sliding=False, partition=0, offset=1, body_hash="bb")
+    first = decide(
+        None, timestamp=1, ttl_ms=TTL, sliding=False, partition=0, offset=0, stream_time=0, body_hash="aa"
+    ).entry
+    decision = decide(
+        first, timestamp=2, ttl_ms=TTL, sliding=False, partition=0, offset=1, stream_time=1, body_hash="bb"
+    )
     assert decision.outcome is Outcome.CONFLICT
     assert decision.entry.conflicts == 1
     assert decision.entry.duplicates == 1
     same = decide(
-        decision.entry, timestamp=3, ttl_ms=TTL, sliding=False, partition=0, offset=2, body_hash="aa"
+        decision.entry,
+        timestamp=3,
+        ttl_ms=TTL,
+        sliding=False,
+        partition=0,
+        offset=2,
+        stream_time=2,
+        body_hash="aa",
     )
     assert same.outcome is Outcome.DUPLICATE
 

@@ -27,7 +27,7 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord
 
 from pipeline.errors import PartitionUnservedError, StoreError
-from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.headers import RECEIVED_AT_HEADER, REPLAYED_FROM_HEADER, SOURCE_HEADER
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
 from pipeline.state.decision import Entry, blake_fingerprint, normalised_fingerprint, volatile_pattern
@@ -243,6 +243,26 @@ async def test_a_copy_in_a_later_transaction_is_a_duplicate_and_makes_no_command
     assert _command_keys(h.producer) == [K[0]]
     assert [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)] == ["first", "duplicate"]
     assert h.producer.offsets[-1] == (TP0, 12, GROUP)
+
+
+DAY_MS = 86_400_000
+
+
+async def test_a_redriven_record_older_than_its_ttl_claims_its_key_once_however_often_it_comes_again(
+    open_partition: Opener,
+) -> None:
+    """A record redriven weeks after its time (stream time far past its TTL and every bucket of it) makes one
+    command; its second redrive and a copy from the provider are duplicates."""
+    h = await open_partition()
+    await _handle_and_commit(h, [record(10, K[1], timestamp=T0 + 30 * DAY_MS)])  # stream time: 30 days on
+    replayed = [*record(11, K[0]).headers, (REPLAYED_FROM_HEADER, b"webhooks.dlq:0:5")]
+    for offset in (11, 12):  # the same DLQ record redriven twice, with its original timestamp
+        await _handle_and_commit(h, [record(offset, K[0], timestamp=T0, headers=replayed)])
+    await _handle_and_commit(h, [record(13, K[0], timestamp=T0 + 1)])  # and the provider's own copy
+    assert _command_keys(h.producer) == [K[1], K[0]]
+    audit = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
+    assert audit == ["first", "first", "duplicate", "duplicate"]
+    assert _claimed(h, K[0]) == {K[0]}
 
 
 def _stripe_body(key: str, *, pending: int, amount: int = 100) -> bytes:
