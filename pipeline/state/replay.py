@@ -18,9 +18,15 @@ reads and sends it while this process writes the previous one.
 
 Records are written undecoded (``PartitionStore.write_raw``) in batches of up
 to :data:`WRITE_RECORDS`, each carrying the offset it reaches, so an
-interrupted replay resumes there. The only thing read out of an entry is its
-``expires_at`` (which bucket it goes to), found by a scan for ``"x":`` rather
-than a JSON decode.
+interrupted replay resumes there. The only things read out of an entry are its
+``expires_at`` (which bucket it goes to) and its ``last_seen`` (stream time),
+found by scans for ``"x":`` and ``"l":`` rather than a JSON decode.
+
+Stream time comes from the entries, never from the record timestamps: a
+changelog record is stamped when it is written (so its retention runs from the
+claim), and on a topic with ``message.timestamp.type=LogAppendTime`` the broker
+stamps it again; either time would run ahead of the active copy's stream time,
+and a replayed store would expire keys the active copy still holds.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ WRITE_RECORDS = 20_000  # records per WriteBatch: larger ones stall on RocksDB's
 RETRIES = 10  # fetches in a row that may fail (leader moves, connection drops) before giving up
 RETRY_BACKOFF = 0.5
 _EXPIRES = b'"x":'
+_LAST_SEEN = b'"l":'
 
 Hold = Callable[[], contextlib.AbstractAsyncContextManager[None]]  # held around each fetch and its writes
 
@@ -66,6 +73,17 @@ def expires_at(value: bytes) -> int:
         if digits.isdigit():
             return int(digits)
     return Entry.decode(value).expires_at
+
+
+def last_seen(value: bytes) -> int:
+    """The ``last_seen`` of an encoded :class:`Entry` (the latest record time it reflects), without
+    decoding the rest; falls back to :meth:`Entry.decode` as :func:`expires_at` does."""
+    start = value.find(_LAST_SEEN)
+    if start >= 0:
+        digits = value[start + 4 : value.find(b",", start)]
+        if digits.isdigit():
+            return int(digits)
+    return Entry.decode(value).last_seen
 
 
 class Replay:
@@ -228,10 +246,15 @@ class Replay:
                 key = record.key
                 if value is None or key is None:
                     continue
-                cut = value.find(_EXPIRES)  # expires_at(), inlined: this loop runs for every record
+                cut = value.find(
+                    _EXPIRES
+                )  # expires_at() and last_seen(), inlined: this loop runs for every record
                 digits = value[cut + 4 : value.find(b",", cut)]
                 append((key, value, int(digits) if cut > 0 and digits.isdigit() else expires_at(value)))
-            stream_time = max(stream_time, batch.max_timestamp)
+                cut = value.find(_LAST_SEEN, cut)
+                digits = value[cut + 4 : value.find(b",", cut)]
+                seen = int(digits) if cut > 0 and digits.isdigit() else last_seen(value)
+                stream_time = max(stream_time, seen)
             position = batch.next_offset
             if len(entries) >= WRITE_RECORDS:
                 store.write_raw(entries, changelog_offset=position - 1, stream_time=stream_time)

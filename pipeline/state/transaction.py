@@ -136,18 +136,24 @@ class PartitionTransaction:
         self.opened_at = time.monotonic()
         self.records = 0
 
-    def stage(self, key: bytes, entry: Entry, previous: Entry | None, *, timestamp: int) -> None:
+    def stage(self, key: bytes, entry: Entry, previous: Entry | None) -> None:
         """Remember ``key``'s new state and append its changelog record.
 
         The state reaches the store only after the commit; the changelog record
         (every change, so a restored store has the counts too) travels in the
-        transaction itself.
+        transaction itself. It is stamped with the time it is written, not the
+        input's: the changelog's ``retention.ms`` runs on the broker's clock from
+        the record timestamp, and a worker working through a backlog days old
+        would otherwise write claims the broker deletes while they are still
+        live. Stream time travels in the entry itself (its ``last_seen``), which
+        is what a replay reads (:mod:`pipeline.state.replay`).
         """
         earlier = self._staged.get(key)
         value = entry.encode()
         self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
         changelog = self.changelog
-        self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=timestamp)
+        written = int(self.wall() * 1000)
+        self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=written)
 
     def fits(self, topic: str, key: bytes | None, value: bytes, headers: list[Header] | None = None) -> bool:
         """Whether a record of this size is within ``topic``'s limit."""

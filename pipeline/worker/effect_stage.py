@@ -165,7 +165,7 @@ class EffectStage:
                 extra={"stage": "effect"},
             )
             return
-        txn.stage(key, entry, decision.previous, timestamp=timestamp)
+        txn.stage(key, entry, decision.previous)
         txn.observe(timestamp)
         if first:
             self.recorder.command(topic)

@@ -236,7 +236,7 @@ class EventStage:
                 error = f"its command of {len(command[2])} bytes is larger than {command[0]} takes"
                 self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source))
                 return
-        txn.stage(key_bytes, entry, previous, timestamp=timestamp)
+        txn.stage(key_bytes, entry, previous)
         txn.observe(timestamp)
         if command is not None:
             out_topic, out_key, value, headers = command

@@ -32,7 +32,7 @@ from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.state.directory import StateDirLock, StoreOpener
 from pipeline.state.restore import RestoreBudget
 from pipeline.state.store import PartitionStore
-from pipeline.topology import Topology
+from pipeline.topology import CHANGELOG_MARGIN, Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
 from pipeline.worker.context import PartitionContext
@@ -41,7 +41,7 @@ from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
 from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.observe import observe_lag, observe_store
+from pipeline.worker.observe import observe_lag, observe_store, warn_if_behind
 from pipeline.worker.ownership import Owned, Ownership
 from pipeline.worker.pacing import caught_up, poll_ms
 from pipeline.worker.partition import Partition
@@ -49,6 +49,10 @@ from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
 
 log = logging.getLogger(__name__)
+
+MARGIN_MS = int(
+    CHANGELOG_MARGIN.total_seconds() * 1000
+)  # how far the changelog's retention outlasts the largest TTL
 
 _T = TypeVar("_T")
 _Positions = dict[TopicPartition, tuple[Partition, int]]  # each partition and its generation
@@ -311,6 +315,7 @@ class Worker:
             await part.commit()
             if part.serving and part.store is not None:
                 owned.disk_measured_at = observe_store(self.metrics, part, owned.disk_measured_at)
+                owned.behind_warned_at = warn_if_behind(part, MARGIN_MS, owned.behind_warned_at)
             if self.owned.get(part.tp) is owned:
                 self._backpressure(owned)
         except PipelineError as exc:

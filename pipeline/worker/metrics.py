@@ -107,6 +107,7 @@ class WorkerMetrics:
     restore_records: Counter
     partitions: Gauge
     lag: Gauge
+    stream_time_behind: Gauge
     restore_remaining: Gauge
     clock_skewed: Counter
     standby_partitions: Gauge
@@ -183,6 +184,12 @@ class WorkerMetrics:
             lag=Gauge(
                 "pipeline_consumer_lag",
                 "Records behind the end of the partition",
+                ["topic", "partition"],
+                registry=registry,
+            ),
+            stream_time_behind=Gauge(
+                "pipeline_stream_time_behind_seconds",
+                "How far the partition's stream time (its latest record's time) is behind the clock",
                 ["topic", "partition"],
                 registry=registry,
             ),

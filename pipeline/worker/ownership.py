@@ -49,6 +49,7 @@ class Owned:
     committing: asyncio.Task[None] | None = None
     paused: bool = False  # by the loop, because records piled up
     disk_measured_at: float = 0.0
+    behind_warned_at: float = float("-inf")  # when the loop last warned stream time fell behind the margin
 
 
 class Ownership:

@@ -11,7 +11,8 @@
 #
 # Environment: KAFKA_PORT, KAFKA_CONTROLLER_PORT (default PORT+1),
 # KAFKA_RUN_DIR (default <repo>/.kafka), KAFKA_CACHE_DIR (default
-# ~/.cache/webhook-pipeline), KAFKA_HEAP (default 512m).
+# ~/.cache/webhook-pipeline), KAFKA_HEAP (default 512m), KAFKA_RETENTION_CHECK_MS
+# (how often the broker deletes by retention; default 30000, the tests use 2000).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,7 +79,7 @@ group.min.session.timeout.ms=1000
 num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
-log.retention.check.interval.ms=30000
+log.retention.check.interval.ms=${KAFKA_RETENTION_CHECK_MS:-30000}
 PROPS
 }
 

@@ -90,7 +90,7 @@ def _checkpoint(producer: StandInProducer, store: PartitionStore, **options: Any
 
 def _stage_one(ckpt: PartitionTransaction) -> Entry:
     entry = Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41)
-    ckpt.stage(b"k", entry, None, timestamp=1)
+    ckpt.stage(b"k", entry, None)
     ckpt.emit("commands", 2, key=b"k", value=b"{}", timestamp=1, headers=[("h", b"v"), ("empty", None)])
     ckpt.consumed(41)
     return entry
@@ -140,7 +140,7 @@ async def test_staging_a_key_emits_its_changelog_record(store: PartitionStore) -
     producer = StandInProducer(store)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
-    ckpt.stage(b"k", Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41), None, timestamp=1)
+    ckpt.stage(b"k", Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41), None)
     ckpt.consumed(41)
     await ckpt.commit()
     assert producer.sent == [("changelog", 0, 1)]

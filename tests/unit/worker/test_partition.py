@@ -265,6 +265,22 @@ async def test_a_redriven_record_older_than_its_ttl_claims_its_key_once_however_
     assert _claimed(h, K[0]) == {K[0]}
 
 
+async def test_changelog_records_are_stamped_when_written_so_retention_runs_from_the_claim_not_the_input(
+    open_partition: Opener,
+) -> None:
+    """Records days old (a backlog) are claimed with changelog records stamped now: the changelog's
+    retention.ms, on the broker's clock, counts from the claim; commands keep the input's time."""
+    h = await open_partition()
+    before = int(time.time() * 1000)
+    await _handle_and_commit(h, [record(10, K[0], timestamp=T0), record(11, K[1], timestamp=T0 + 1)])
+    after = int(time.time() * 1000)
+    changelog = h.producer.committed_to(TOPICS.changelog)
+    assert len(changelog) == 2
+    assert all(before <= s.timestamp <= after for s in changelog)
+    assert {s.timestamp for s in h.producer.committed_to(TOPICS.commands)} == {T0, T0 + 1}
+    assert [Entry.decode(s.value).last_seen for s in changelog] == [T0, T0 + 1]  # stream time travels here
+
+
 def _stripe_body(key: str, *, pending: int, amount: int = 100) -> bytes:
     """A Stripe event as Stripe sends it: ``pending_webhooks`` changes from one attempt to the next."""
     event_id = key.split(":", 1)[1]
