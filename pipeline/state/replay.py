@@ -60,30 +60,29 @@ _LAST_SEEN = b'"l":'
 Hold = Callable[[], contextlib.AbstractAsyncContextManager[None]]  # held around each fetch and its writes
 
 
-def expires_at(value: bytes) -> int:
-    """The ``expires_at`` of an encoded :class:`Entry`, without decoding the rest.
-
-    ``Entry.encode`` writes ``"x":<integer>,`` before any string field, so the
-    first ``"x":`` is the field; anything unexpected falls back to
-    :meth:`Entry.decode` (which raises ``ValueError`` on a non-entry).
-    """
-    start = value.find(_EXPIRES)
+def _integer_field(value: bytes, marker: bytes) -> int | None:
+    """The integer after ``marker`` (``"x":``) in an encoded :class:`Entry`, or None when it is not there
+    as ``Entry.encode`` writes it (``"x":<integer>,``, before any string field)."""
+    start = value.find(marker)
     if start >= 0:
-        digits = value[start + 4 : value.find(b",", start)]
+        digits = value[start + len(marker) : value.find(b",", start)]
         if digits.isdigit():
             return int(digits)
-    return Entry.decode(value).expires_at
+    return None
+
+
+def expires_at(value: bytes) -> int:
+    """The ``expires_at`` of an encoded :class:`Entry`, without decoding the rest; anything unexpected
+    falls back to :meth:`Entry.decode` (which raises ``ValueError`` on a non-entry)."""
+    found = _integer_field(value, _EXPIRES)
+    return Entry.decode(value).expires_at if found is None else found
 
 
 def last_seen(value: bytes) -> int:
     """The ``last_seen`` of an encoded :class:`Entry` (the latest record time it reflects), without
     decoding the rest; falls back to :meth:`Entry.decode` as :func:`expires_at` does."""
-    start = value.find(_LAST_SEEN)
-    if start >= 0:
-        digits = value[start + 4 : value.find(b",", start)]
-        if digits.isdigit():
-            return int(digits)
-    return Entry.decode(value).last_seen
+    found = _integer_field(value, _LAST_SEEN)
+    return Entry.decode(value).last_seen if found is None else found
 
 
 class Replay:
