@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.errors import PipelineError
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.ops.dlq import replay
+from pipeline.ops.dlq_records import DlqFilter
 from pipeline.providers.signing import sign
+from tests.chaos.cluster import Broker
 from tests.integration.harness import (
     ROOT,
     Env,
@@ -29,6 +39,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.broker
 
 MakeEnv = Callable[..., Any]
+OUTAGE_S = 8.0  # how long the broker stays down mid-replay: longer than any idle window a scan might have
 SECRET = "gh-dlq-replay-secret"
 
 
@@ -180,3 +191,105 @@ async def test_replay_after_the_topology_is_corrected_skips_what_it_cannot_rebui
     audit = await wait_for_audit(env, 7)
     assert sum("replayed_from" in a for a in audit) == 3
     assert not any(a.get("key") == "stripe:evt_junk" and "replayed_from" in a for a in audit)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker of this test alone (stopping the shared one would disturb the others); removed afterwards."""
+    if shutil.which("java") is None:
+        pytest.skip("a private broker needs Java")
+    broker = Broker(tmp_path / "broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _dlq_record(input_topic: str, index: int, reason: str) -> tuple[bytes, bytes]:
+    """A replayable DLQ record of a 1 KiB input record, keyed like the worker keys it."""
+    key = f"shopify:ev-{index}"
+    body = orjson.dumps({"id": index, "pad": "x" * 1000})
+    value = {
+        "error": "no source 'shopify'",
+        "reason": reason,
+        "topic": input_topic,
+        "partition": 0,
+        "offset": index,
+        "timestamp": int(time.time() * 1000),
+        "key": key,
+        "headers": {"source": "shopify"},
+        "headers_base64": [["source", base64.b64encode(b"shopify").decode()]],
+        "value": body.decode(),
+        "value_base64": base64.b64encode(body).decode(),
+    }
+    return key.encode(), orjson.dumps(value)
+
+
+def _start_after(broker: Broker, seconds: float) -> None:
+    time.sleep(seconds)
+    broker.start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chosen", ["every record", "the last 400"])
+async def test_a_broker_outage_mid_replay_replays_every_record_exactly_once_or_fails_loudly(
+    own_broker: Broker, tmp_path: Path, chosen: str
+) -> None:
+    """The broker goes down for 8 s after the first DLQ fetch: the replay reads every DLQ partition to the end it read
+    first and produces each chosen record once (or fails with the one line), never a short run that exits cleanly.
+
+    With only the last records chosen nothing is being sent during the outage, so nothing but the end offsets
+    keeps the read going (before the fix it ended after 5 s of silence and exited 0 having replayed none)."""
+    await asyncio.to_thread(own_broker.start)
+    app = f"app-{uuid.uuid4().hex[:10]}"
+    env = Env(own_broker.bootstrap, write_topology(tmp_path / f"{app}.toml", app), tmp_path, f"{app}-group")
+    await env.create_topics()
+    topo = env.topo
+    total = 4000  # about 2.5 MB per DLQ partition: several fetches each
+    tail = total if chosen == "every record" else 400
+    producer = AIOKafkaProducer(bootstrap_servers=own_broker.bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        for index in range(total):
+            reason = "unknown-source" if index >= total - tail else "bad-body"
+            key, value = _dlq_record(topo.topics.input, index, reason)
+            await producer.send(topo.topics.dlq, value, key=key, partition=index % topo.topics.partitions)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    outage: list[threading.Thread] = []
+
+    def progress(scanned: int, of: int, _: int) -> None:
+        if outage or scanned >= of:
+            return
+        own_broker.stop()  # here, between two fetches: the replay's consumer and producer lose the broker
+        back = threading.Thread(target=_start_after, args=(own_broker, OUTAGE_S))
+        back.start()
+        outage.append(back)
+
+    flt = DlqFilter(reasons=frozenset({"unknown-source"}))
+    try:
+        report = await replay(
+            own_broker.bootstrap, topo, flt, dry_run=False, out=io.StringIO(), progress=progress, timeout=120
+        )
+        failure = None
+    except PipelineError as exc:
+        report, failure = None, str(exc)
+    finally:
+        for thread in outage:  # the broker is back (or failed to start) before anything else
+            await asyncio.to_thread(thread.join)
+    assert outage, "the broker was never stopped: the DLQ was read in one fetch"
+
+    inputs = await read_committed(own_broker.bootstrap, topo.topics.input, idle=1.0, timeout=120)
+    sources = Counter(dict(r.headers)["replayed-from"].decode() for r in inputs)
+    assert all(n == 1 for n in sources.values()), "a DLQ record was replayed twice"
+    if failure is None:
+        assert report is not None
+        assert report.count == tail
+        assert len(sources) == tail  # exit 0 means every chosen DLQ record reached the input topic
+        assert {int(r.key.decode().rsplit("-", 1)[1]) for r in inputs} == set(range(total - tail, total))
+    else:  # the outage outlasted what the replay waits: one line, saying how far it got
+        assert "\n" not in failure
+        assert failure.startswith("replay stopped: ")
+        assert "records replayed so far (running it again is safe" in failure
