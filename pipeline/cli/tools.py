@@ -167,7 +167,8 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
     if progress.shown and sys.stderr.isatty():
         print(file=sys.stderr)
     verb = "would replay" if args.dry_run else "replayed"
-    print(f"{verb} {summary(report.replayed)} to {topo.topics.input}; skipped {len(report.skipped)}")
+    targets = ", ".join(sorted(report.topics)) or topo.topics.input
+    print(f"{verb} {summary(report.replayed)} to {targets}; skipped {len(report.skipped)}")
     if report.skipped:
         print(
             f"pipeline: {len(report.skipped)} DLQ records cannot be replayed (the 'skip' lines say why)",
@@ -183,7 +184,9 @@ def add_dlq_commands(commands: Any) -> None:
     actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="one line per DLQ record and a count per reason")
     replay = actions.add_parser(
-        "replay", help="produce the original records again to the input topic (deduped as usual)"
+        "replay",
+        help="produce the original records again to the input topic, or the effect stage's to the effects "
+        "topic (deduped as usual)",
     )
     for parser in (listing, replay):
         add_common(parser)

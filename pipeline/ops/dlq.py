@@ -9,8 +9,10 @@ rebuilds each original record (key, body from ``value_base64``, headers from
 ``headers_base64``, else from ``headers``), adds ``replayed-from:
 <dlq topic>:<partition>:<offset>`` and produces it, with an idempotent
 producer (``acks=all``), to the input topic on the partition murmur2 gives its
-key. The worker dedupes a replayed record like any other, so replaying twice
-still makes one command.
+key; a record the effect stage dead-lettered goes back to the effects topic,
+keyed by its effect key with its headers. The worker dedupes a replayed record
+like any other (by event key, or by effect key), so replaying twice still makes
+one command.
 """
 
 from __future__ import annotations
@@ -133,7 +135,10 @@ class Replayed:
     where: str  # <dlq topic>:<partition>:<offset>, as the replayed-from header and the audit say
     reason: str
     key: str | None
-    partition: int  # the input partition it was produced to
+    partition: int  # the partition it was produced to
+    topic: (
+        str  # the topic it was produced to: the input topic, or the effects topic for an effect-stage record
+    )
 
 
 @dataclass
@@ -143,6 +148,7 @@ class ReplayReport:
     replayed: Counter[str] = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
     records: list[Replayed] = field(default_factory=list)
+    topics: Counter[str] = field(default_factory=Counter)  # records replayed per topic they went to
 
     @property
     def count(self) -> int:
@@ -160,17 +166,17 @@ async def replay(
     progress: Progress | None = None,
     timeout: float = READ_TIMEOUT_S,
 ) -> ReplayReport:
-    """Produce the original of each DLQ record ``flt`` takes back to the input topic (see the module docstring).
+    """Produce the original of each DLQ record ``flt`` takes back where it came from: the input topic, or the
+    effects topic (see the module docstring).
 
     Each DLQ offset is replayed at most once per run; ``dry_run`` prints the same lines and produces nothing.
     Returns only once every DLQ partition was read to its end and every record sent was acknowledged;
     otherwise raises :class:`PipelineError` (one line) saying how far it got and how many records it
     replayed (``timeout``: the longest the read waits without moving, as ``read_to_end``).
     """
-    dlq, target = topology.topics.dlq, topology.topics.input
-    partitions = await partition_count(bootstrap, target)
-    if partitions is None:
-        raise PipelineError(f"topic {target} does not exist")
+    dlq, effects = topology.topics.dlq, topology.topics.effects
+    counts = _PartitionCounts(bootstrap)
+    await counts.of(topology.topics.input, required=True)
     producer = None if dry_run else await started_producer(bootstrap)
     report, state = ReplayReport(), Scan()
     done: set[tuple[int, int]] = set()
@@ -186,12 +192,15 @@ async def replay(
                     continue
                 done.add((entry.partition, entry.offset))
                 try:
-                    original = rebuild(entry, dlq_topic=dlq, input_topic=target)
+                    original = rebuild(
+                        entry, dlq_topic=dlq, input_topic=topology.topics.input, effects_topic=effects
+                    )
+                    partitions = await counts.of(original.topic)
                 except NotReplayableError as exc:
                     report.skipped.append(f"{where}: {exc}")
                     out.write(f"skip {where} {entry.reason}: {exc}\n")
                     continue
-                key = original.key
+                key, target = original.key, original.topic
                 partition = owner_partition(key, partitions) if key else original.partition % partitions
                 shown = one_line(key.decode("utf-8", "replace"), KEY_SHOWN) if key else "-"
                 out.write(f"{verb} {where} {entry.reason} {shown} -> {target}:{partition}\n")
@@ -206,7 +215,8 @@ async def replay(
                     )
                     pending.append((where, future))
                 report.replayed[entry.reason] += 1
-                report.records.append(Replayed(where, entry.reason, entry.key, partition))
+                report.topics[target] += 1
+                report.records.append(Replayed(where, entry.reason, entry.key, partition, target))
         await _acked(pending)
     except ReadIncompleteError as exc:
         raise _stopped(str(exc), await _settled(pending)) from None
@@ -217,6 +227,26 @@ async def replay(
             await producer.stop()
     out.flush()
     return report
+
+
+class _PartitionCounts:
+    """The partition count of each topic a replay produces to, asked once each."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._counts: dict[str, int | None] = {}
+
+    async def of(self, topic: str, *, required: bool = False) -> int:
+        """``topic``'s partition count; a missing topic is a PipelineError when ``required``, else
+        NotReplayableError (its records are skipped)."""
+        if topic not in self._counts:
+            self._counts[topic] = await partition_count(self.bootstrap, topic)
+        count = self._counts[topic]
+        if count is None:
+            if required:
+                raise PipelineError(f"topic {topic} does not exist")
+            raise NotReplayableError(f"it goes back to {topic}, which does not exist")
+        return count
 
 
 async def _acked(pending: list[tuple[str, asyncio.Future[Any]]]) -> None:

@@ -6,12 +6,17 @@ import asyncio
 import io
 import types
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from pipeline import dead_letter
 from pipeline import topology as topology_module
 from pipeline.cli.main import main
+from pipeline.contract import Delivery
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.ops import dlq as dlq_module
 from pipeline.ops.dlq import list_dlq
 from pipeline.ops.dlq_records import DlqFilter
@@ -26,10 +31,12 @@ class FakeProducer:
     """An idempotent producer that acknowledges every send at once, keeping what it was sent."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes | None, list[tuple[str, bytes]]]] = []
+        self.sent: list[tuple[str, int, bytes | None, list[tuple[str, bytes]]]] = []
 
-    async def send(self, topic: str, value: bytes, *, key: bytes | None, headers: Any, **_: Any) -> Any:
-        self.sent.append((topic, key, list(headers)))
+    async def send(
+        self, topic: str, value: bytes, *, key: bytes | None, partition: int, headers: Any, **_: Any
+    ) -> Any:
+        self.sent.append((topic, partition, key, list(headers)))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -57,6 +64,18 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Partitions:
     return held
 
 
+@pytest.fixture
+def producer(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
+    """The producer ``dlq replay`` sends with."""
+    made = FakeProducer()
+
+    async def started_producer(_: str) -> FakeProducer:
+        return made
+
+    monkeypatch.setattr(dlq_module, "started_producer", started_producer)
+    return made
+
+
 async def test_records_that_stop_coming_for_longer_than_the_old_idle_window_are_still_all_listed(
     broker: Partitions,
 ) -> None:
@@ -70,16 +89,10 @@ async def test_records_that_stop_coming_for_longer_than_the_old_idle_window_are_
 
 
 def test_a_replay_that_cannot_reach_the_end_exits_1_with_one_line_naming_the_partition_and_the_count(
-    broker: Partitions, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    broker: Partitions, producer: FakeProducer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Partition 1 never gets past offset 2 of 6: exit 1 and one stderr line with partition, offset, end and records replayed."""
     broker.reachable[1] = 2
-    producer = FakeProducer()
-
-    async def started_producer(_: str) -> FakeProducer:
-        return producer
-
-    monkeypatch.setattr(dlq_module, "started_producer", started_producer)
     status = main(["dlq", "replay", "--bootstrap", "x", "--topology", str(TOPOLOGY_PATH)])
     captured = capsys.readouterr()
     assert status == 1
@@ -94,3 +107,28 @@ def test_a_replay_that_cannot_reach_the_end_exits_1_with_one_line_naming_the_par
     )
     assert len(producer.sent) == 11  # 9 of partition 0 and 2 of partition 1, each once
     assert "replayed 11 records" not in captured.out  # no summary claiming a finished run
+
+
+def test_an_effect_stage_dlq_record_is_replayed_into_the_effects_topic_keyed_by_its_effect_key(
+    broker: Partitions, producer: FakeProducer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A too-large DLQ record from the effect stage goes back to the effects topic, on its effect key's partition,
+    with its headers and replayed-from, so the effect stage forwards it once its command topic's limit is raised."""
+    effects = TOPOLOGY.topics.effects
+    headers = ((EFFECT_TTL_HEADER, b"604800000"), (COMMAND_TOPIC_HEADER, TOPOLOGY.topics.commands.encode()))
+    command = b'{"command":"fulfil-order","key":"stripe:evt_1","effect_key":"fulfil-order:pi_1"}'
+    delivery = Delivery(effects, 4, 12, 1_790_000_000_000, b"fulfil-order:pi_1", command, headers)
+    value = dead_letter.dlq_value(delivery, error="larger than its command topic takes", reason="too-large")
+    broker.records = {0: {0: replace(broker.records[0][0], key=delivery.key, value=value)}, 1: {}}
+    broker.ends = {0: 1, 1: 0}
+    status = main(["dlq", "replay", "--bootstrap", "x", "--topology", str(TOPOLOGY_PATH)])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    [(topic, partition, key, sent_headers)] = producer.sent
+    assert (topic, key) == (effects, b"fulfil-order:pi_1")
+    assert partition == owner_partition(
+        b"fulfil-order:pi_1", 6
+    )  # the fixture's count for every topic but the DLQ
+    assert sent_headers == [*headers, (REPLAYED_FROM_HEADER, f"{DLQ}:0:0".encode())]
+    assert f"-> {effects}:{partition}" in captured.out
+    assert f"replayed 1 record: too-large 1 to {effects}; skipped 0" in captured.out
