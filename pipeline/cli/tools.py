@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
+from pipeline.kafka.settings import READ_TIMEOUT_S
 from pipeline.topology import DEFAULT_TOPOLOGY
 from pipeline.worker.settings import WORKER_DEFAULTS
 
@@ -109,6 +110,16 @@ def _since(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _seconds(text: str) -> float:
+    """A duration on the command line (``90s``, ``2m``; a bare number is seconds), as seconds."""
+    from pipeline.durations import parse_duration  # noqa: PLC0415
+
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _dlq_filter(args: argparse.Namespace) -> DlqFilter:
     from pipeline.ops.dlq_records import DlqFilter, reasons_of, records_of  # noqa: PLC0415
 
@@ -126,7 +137,11 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
     topo = topology.load(args.topology)
     flt = _dlq_filter(args)
-    counts = asyncio.run(list_dlq(args.bootstrap, topo.topics.dlq, flt, out=sys.stdout, as_json=args.json))
+    counts = asyncio.run(
+        list_dlq(
+            args.bootstrap, topo.topics.dlq, flt, out=sys.stdout, as_json=args.json, timeout=args.timeout
+        )
+    )
     print(summary(counts), file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -146,12 +161,14 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             out=sys.stdout,
             progress=progress,
+            timeout=args.timeout,
         )
     )
     if progress.shown and sys.stderr.isatty():
         print(file=sys.stderr)
     verb = "would replay" if args.dry_run else "replayed"
-    print(f"{verb} {summary(report.replayed)} to {topo.topics.input}; skipped {len(report.skipped)}")
+    targets = ", ".join(sorted(report.topics)) or topo.topics.input
+    print(f"{verb} {summary(report.replayed)} to {targets}; skipped {len(report.skipped)}")
     if report.skipped:
         print(
             f"pipeline: {len(report.skipped)} DLQ records cannot be replayed (the 'skip' lines say why)",
@@ -167,7 +184,9 @@ def add_dlq_commands(commands: Any) -> None:
     actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="one line per DLQ record and a count per reason")
     replay = actions.add_parser(
-        "replay", help="produce the original records again to the input topic (deduped as usual)"
+        "replay",
+        help="produce the original records again to the input topic, or the effect stage's to the effects "
+        "topic (deduped as usual)",
     )
     for parser in (listing, replay):
         add_common(parser)
@@ -186,6 +205,13 @@ def add_dlq_commands(commands: Any) -> None:
             "--record",
             action="append",
             help="only this DLQ record, as PARTITION:OFFSET (repeat or comma-separate), e.g. 0:17",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=_seconds,
+            default=READ_TIMEOUT_S,
+            help="fail (exit 1, saying how far each partition got) when the DLQ read makes no progress "
+            f"for this long: the broker away, a partition without a leader (default {READ_TIMEOUT_S:g}s)",
         )
     listing.add_argument("--json", action="store_true", help="print JSON lines (the summary goes to stderr)")
     listing.set_defaults(handler=cmd_dlq_list)

@@ -8,3 +8,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"  # the broker ``pipeline up`` starts, and e
 # carries it twice (text and base64), so a 1 MiB body (the ingress limit) needs well over the
 # broker's 1 MiB default.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# How long a tool's read of a whole topic (``dlq list``, ``dlq replay``, the console's DLQ pages)
+# waits, by default, with no partition moving before it gives up and says how far it got.
+READ_TIMEOUT_S = 60.0

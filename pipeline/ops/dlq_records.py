@@ -185,21 +185,27 @@ class Original:
     headers: list[Header]
     timestamp: int | None
     partition: int  # its partition then: where a keyless record goes back to
+    topic: str  # where it came from and goes back to: the input topic, or the effects topic
 
 
-def rebuild(entry: DlqEntry, *, dlq_topic: str, input_topic: str) -> Original:
+def rebuild(
+    entry: DlqEntry, *, dlq_topic: str, input_topic: str, effects_topic: str | None = None
+) -> Original:
     """The original record of ``entry``, with a ``replayed-from`` header naming the DLQ record.
 
-    Raises NotReplayableError for a value that is not a DLQ record, a record that did not come
-    from ``input_topic`` (the effect stage's), a truncated record, or a key or header that cannot
-    be restored byte for byte.
+    A record the effect stage dead-lettered came from ``effects_topic`` (when given) and goes
+    back there, keyed by its effect key with its headers, to be deduped by effect key again.
+    Raises NotReplayableError for a value that is not a DLQ record, a record from any other
+    topic, a truncated record, or a key or header that cannot be restored byte for byte.
     """
     value = entry.value
     if not value:
         raise NotReplayableError("not a DLQ record (its value is not a JSON object)")
-    if value.get("topic") != input_topic:
-        shown = one_line(str(value.get("topic")), KEY_SHOWN)
-        raise NotReplayableError(f"it came from {shown}, not from the input topic {input_topic}")
+    topic = value.get("topic")
+    if topic != input_topic and (effects_topic is None or topic != effects_topic):
+        shown = one_line(str(topic), KEY_SHOWN)
+        also = f" or the effects topic {effects_topic}" if effects_topic is not None else ""
+        raise NotReplayableError(f"it came from {shown}, not from the input topic {input_topic}{also}")
     if entry.truncated:
         size = value.get("value_bytes")
         raise NotReplayableError(f"truncated: the DLQ record keeps only a prefix of the {size}-byte body")
@@ -220,6 +226,7 @@ def rebuild(entry: DlqEntry, *, dlq_topic: str, input_topic: str) -> Original:
         headers=headers,
         timestamp=timestamp if type(timestamp) is int and 0 <= timestamp <= _TS_MAX_MS else None,
         partition=partition if type(partition) is int and partition >= 0 else 0,
+        topic=str(topic),
     )
 
 

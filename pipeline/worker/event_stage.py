@@ -1,7 +1,9 @@
 """The first stage: one input partition's records classified, decided and emitted into its transaction.
 
 A command is built and checked against its topic's limit before its key is
-claimed: a key is never claimed without its command.
+claimed: a key is never claimed without its command. A command bound for the
+effect stage is checked against the effects topic's limit and its command
+topic's (the smaller wins), so the effect stage never refuses one for its size.
 
 Time: a record is decided at its own timestamp, but never later than the wall
 clock plus ``max_skew_ms``: a producer whose clock runs days ahead must not make
@@ -232,8 +234,9 @@ class EventStage:
         command = None
         if outcome is _FIRST and target.topic is not None and target.command is not None:
             command = self._command(delivery, item, target)
-            if not self.emit.command_fits(*command):
-                error = f"its command of {len(command[2])} bytes is larger than {command[0]} takes"
+            refused_by = self._refused_by(command, target.topic)
+            if refused_by is not None:
+                error = f"its command of {len(command[2])} bytes is larger than {refused_by} takes"
                 self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source))
                 return
         txn.stage(key_bytes, entry, previous)
@@ -313,6 +316,17 @@ class EventStage:
                 (COMMAND_TOPIC_HEADER, topic.encode()),
             ]
         return out_topic, effect_key.encode(), value, headers
+
+    def _refused_by(self, command: tuple[str, bytes, bytes, list[Header]], topic: str) -> str | None:
+        """The topic that would refuse ``command`` for its size, or ``None``. A command bound for the
+        effect stage must also fit ``topic``, the command topic the effect stage forwards it to as it is
+        (without headers): refused there, its event key would be claimed and its effect never produced."""
+        out_topic, key, value, _ = command
+        if not self.emit.command_fits(*command):
+            return out_topic
+        if out_topic != topic and not self.emit.command_fits(topic, key, value):
+            return topic
+        return None
 
     def _reroute(self, delivery: Delivery, item: Reroute) -> None:
         try:

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.contract import Delivery, command_value
+from pipeline.dead_letter import dlq_value
+from pipeline.errors import PipelineError
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
+from pipeline.kafka.admin import admin_client, describe_topic_configs
+from pipeline.kafka.alter_configs import set_topic_configs
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.ops.dlq import replay
+from pipeline.ops.dlq_records import DlqFilter
 from pipeline.providers.signing import sign
+from tests.chaos.cluster import Broker
 from tests.integration.harness import (
     ROOT,
     Env,
@@ -29,6 +44,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.broker
 
 MakeEnv = Callable[..., Any]
+OUTAGE_S = 8.0  # how long the broker stays down mid-replay: longer than any idle window a scan might have
 SECRET = "gh-dlq-replay-secret"
 
 
@@ -180,3 +196,210 @@ async def test_replay_after_the_topology_is_corrected_skips_what_it_cannot_rebui
     audit = await wait_for_audit(env, 7)
     assert sum("replayed_from" in a for a in audit) == 3
     assert not any(a.get("key") == "stripe:evt_junk" and "replayed_from" in a for a in audit)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker of this test alone (stopping the shared one would disturb the others); removed afterwards."""
+    if shutil.which("java") is None:
+        pytest.skip("a private broker needs Java")
+    broker = Broker(tmp_path / "broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _dlq_record(input_topic: str, index: int, reason: str) -> tuple[bytes, bytes]:
+    """A replayable DLQ record of a 1 KiB input record, keyed like the worker keys it."""
+    key = f"shopify:ev-{index}"
+    body = orjson.dumps({"id": index, "pad": "x" * 1000})
+    value = {
+        "error": "no source 'shopify'",
+        "reason": reason,
+        "topic": input_topic,
+        "partition": 0,
+        "offset": index,
+        "timestamp": int(time.time() * 1000),
+        "key": key,
+        "headers": {"source": "shopify"},
+        "headers_base64": [["source", base64.b64encode(b"shopify").decode()]],
+        "value": body.decode(),
+        "value_base64": base64.b64encode(body).decode(),
+    }
+    return key.encode(), orjson.dumps(value)
+
+
+def _start_after(broker: Broker, seconds: float) -> None:
+    time.sleep(seconds)
+    broker.start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chosen", ["every record", "the last 400"])
+async def test_a_broker_outage_mid_replay_replays_every_record_exactly_once_or_fails_loudly(
+    own_broker: Broker, tmp_path: Path, chosen: str
+) -> None:
+    """The broker goes down for 8 s after the first DLQ fetch: the replay reads every DLQ partition to the end it read
+    first and produces each chosen record once (or fails with the one line), never a short run that exits cleanly.
+
+    With only the last records chosen nothing is being sent during the outage, so nothing but the end offsets
+    keeps the read going (before the fix it ended after 5 s of silence and exited 0 having replayed none)."""
+    await asyncio.to_thread(own_broker.start)
+    app = f"app-{uuid.uuid4().hex[:10]}"
+    env = Env(own_broker.bootstrap, write_topology(tmp_path / f"{app}.toml", app), tmp_path, f"{app}-group")
+    await env.create_topics()
+    topo = env.topo
+    total = 4000  # about 2.5 MB per DLQ partition: several fetches each
+    tail = total if chosen == "every record" else 400
+    producer = AIOKafkaProducer(bootstrap_servers=own_broker.bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        for index in range(total):
+            reason = "unknown-source" if index >= total - tail else "bad-body"
+            key, value = _dlq_record(topo.topics.input, index, reason)
+            await producer.send(topo.topics.dlq, value, key=key, partition=index % topo.topics.partitions)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    outage: list[threading.Thread] = []
+
+    def progress(scanned: int, of: int, _: int) -> None:
+        if outage or scanned >= of:
+            return
+        own_broker.stop()  # here, between two fetches: the replay's consumer and producer lose the broker
+        back = threading.Thread(target=_start_after, args=(own_broker, OUTAGE_S))
+        back.start()
+        outage.append(back)
+
+    flt = DlqFilter(reasons=frozenset({"unknown-source"}))
+    try:
+        report = await replay(
+            own_broker.bootstrap, topo, flt, dry_run=False, out=io.StringIO(), progress=progress, timeout=120
+        )
+        failure = None
+    except PipelineError as exc:
+        report, failure = None, str(exc)
+    finally:
+        for thread in outage:  # the broker is back (or failed to start) before anything else
+            await asyncio.to_thread(thread.join)
+    assert outage, "the broker was never stopped: the DLQ was read in one fetch"
+
+    inputs = await read_committed(own_broker.bootstrap, topo.topics.input, idle=1.0, timeout=120)
+    sources = Counter(dict(r.headers)["replayed-from"].decode() for r in inputs)
+    assert all(n == 1 for n in sources.values()), "a DLQ record was replayed twice"
+    if failure is None:
+        assert report is not None
+        assert report.count == tail
+        assert len(sources) == tail  # exit 0 means every chosen DLQ record reached the input topic
+        assert {int(r.key.decode().rsplit("-", 1)[1]) for r in inputs} == set(range(total - tail, total))
+    else:  # the outage outlasted what the replay waits: one line, saying how far it got
+        assert "\n" not in failure
+        assert failure.startswith("replay stopped: ")
+        assert "records replayed so far (running it again is safe" in failure
+
+
+async def _max_message_bytes(env: Env, topic: str, value: int) -> None:
+    """Set ``topic``'s limit and wait until a worker starting now would read it."""
+    async with admin_client(env.bootstrap) as admin:
+        await set_topic_configs(admin, {topic: {"max.message.bytes": str(value)}})
+    deadline = time.monotonic() + 30
+    while (await describe_topic_configs(env.bootstrap, [topic]))[topic].get("max.message.bytes") != str(
+        value
+    ):
+        assert time.monotonic() < deadline, f"{topic}'s max.message.bytes is not {value} after 30s"
+        await asyncio.sleep(0.2)
+
+
+def _checkout(
+    event_id: str, payment: str, *, pad: int
+) -> tuple[bytes, bytes, list[tuple[str, bytes]], None, None]:
+    """A Stripe checkout.session.completed for ``payment`` (its effect key), ``pad`` bytes of filler."""
+    session = {"id": f"cs_{event_id}", "payment_intent": payment, "pad": "x" * pad}
+    body = orjson.dumps(
+        {"id": event_id, "object": "event", "type": "checkout.session.completed", "data": {"object": session}}
+    )
+    return (f"stripe:{event_id}".encode(), body, [("source", b"stripe")], None, None)
+
+
+def _old_effect_dlq_record(env: Env, orders: str, payment: str) -> tuple[bytes, bytes]:
+    """The DLQ record an older worker's effect stage wrote for a command its command topic refused (too-large)."""
+    key = f"fulfil-order:{payment}".encode()
+    received = int(time.time() * 1000)
+    command = command_value(
+        command="fulfil-order",
+        key=f"stripe:evt_{payment}",
+        effect_key=key.decode(),
+        source="stripe",
+        event_type="checkout.session.completed",
+        received_at=received,
+        body=orjson.dumps({"id": f"evt_{payment}", "type": "checkout.session.completed"}),
+    )
+    headers = ((EFFECT_TTL_HEADER, b"604800000"), (COMMAND_TOPIC_HEADER, orders.encode()))
+    effects = env.topo.topics.effects
+    delivery = Delivery(
+        effects, owner_partition(key, env.topo.topics.partitions), 3, received, key, command, headers
+    )
+    error = f"a command of {len(command)} bytes is larger than {orders} takes"
+    return key, dlq_value(delivery, error=error, reason="too-large")
+
+
+async def test_a_command_too_large_for_its_command_topic_is_replayed_into_one_command_once_the_limit_is_raised(
+    pipeline_env: MakeEnv, unique: Callable[[str], str]
+) -> None:
+    """The route's command topic takes less than the effect's command: the event goes to the DLQ from the event stage,
+    its key unclaimed; an effect-stage DLQ record of an older version waits there too. Once the limit is raised,
+    `pipeline dlq replay` (twice) gives exactly one command for each, and nothing more."""
+    orders = unique("orders")
+    route = (
+        f'[[routes]]\nsource = "stripe"\nevent = "checkout.session.completed"\ntopic = "{orders}"\n'
+        'command = "fulfil-order"\neffect_key = "data.object.payment_intent"\n'
+    )
+    env: Env = await pipeline_env(extra=route)
+    await _max_message_bytes(env, orders, 3000)
+    env.start_worker("w1")
+    await env.produce([_checkout("evt_big", "pi_big", pad=4000), _checkout("evt_small", "pi_small", pad=10)])
+    audit = await wait_for_audit(env, 3)  # big: invalid; small: first, then first at the effect stage
+    old_key, old_value = _old_effect_dlq_record(env, orders, "pi_old")
+    producer = AIOKafkaProducer(bootstrap_servers=env.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(env.topo.topics.dlq, old_value, key=old_key)
+    finally:
+        await producer.stop()
+    env.stop_all()
+
+    assert [(a["key"], a["reason"]) for a in audit if a["outcome"] == "invalid"] == [
+        ("stripe:evt_big", "too-large")
+    ]
+    dead = {r.key: orjson.loads(r.value) for r in await _records(env, env.topo.topics.dlq)}
+    assert dead[b"stripe:evt_big"]["topic"] == env.topo.topics.input  # the event stage's: unclaimed
+    assert dead[old_key]["topic"] == env.topo.topics.effects
+    effects = await _records(env, env.topo.topics.effects)
+    assert [r.key for r in effects] == [b"fulfil-order:pi_small"]
+
+    await _max_message_bytes(env, orders, 4 * 1024 * 1024)
+    env.start_worker("w1")  # the limits are read at start
+    first = _cli(env, "replay")
+    assert first.returncode == 0, first.stderr
+    assert "replayed 2 records: too-large 2 to " in first.stdout
+    assert f"-> {env.topo.topics.effects}:" in first.stdout
+    await wait_for_audit(env, 6)
+    second = _cli(env, "replay")
+    assert second.returncode == 0, second.stderr
+    audit = await wait_for_audit(env, 8)
+    await asyncio.sleep(2.0)  # time for a command too many to show
+    env.stop_all()
+
+    commands = await read_committed(env.bootstrap, orders, idle=1.0)
+    assert Counter(r.key.decode() for r in commands) == Counter(
+        {"fulfil-order:pi_small": 1, "fulfil-order:pi_big": 1, "fulfil-order:pi_old": 1}
+    )
+    assert len(audit) == 8, audit
+    replays = Counter((a.get("stage", "event"), a["outcome"]) for a in audit) - Counter(
+        {("event", "invalid"): 1, ("event", "first"): 1, ("effect", "first"): 1}  # before the replays
+    )
+    assert replays == Counter(
+        {("event", "first"): 1, ("effect", "first"): 2, ("event", "duplicate"): 1, ("effect", "duplicate"): 1}
+    ), audit

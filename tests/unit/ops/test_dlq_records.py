@@ -228,6 +228,28 @@ def test_a_truncated_record_cannot_be_replayed() -> None:
         rebuild(entry, dlq_topic=DLQ, input_topic=INPUT)
 
 
+def test_an_effect_stage_record_rebuilds_for_the_effects_topic_with_its_effect_key_and_headers() -> None:
+    """A DLQ record the effect stage wrote (from the effects topic) goes back there: effect key, command, headers."""
+    headers: list[tuple[str, bytes | None]] = [
+        ("effect-ttl-ms", b"2592000000"),
+        ("command-topic", b"shop.orders"),
+    ]
+    command = b'{"command":"fulfil-order","key":"stripe:evt_1","effect_key":"fulfil-order:pi_1"}'
+    delivery = Delivery(
+        "shop-effects", 3, 12, 1_790_000_000_000, b"fulfil-order:pi_1", command, tuple(headers)
+    )
+    entry = DlqEntry(
+        0, 7, 1, b"fulfil-order:pi_1", orjson.loads(dlq_value(delivery, error="e", reason="too-large"))
+    )
+    original = rebuild(entry, dlq_topic=DLQ, input_topic=INPUT, effects_topic="shop-effects")
+    assert (original.topic, original.key, original.value) == ("shop-effects", b"fulfil-order:pi_1", command)
+    assert original.headers == [*headers, (REPLAYED_FROM_HEADER, b"webhooks.dlq:0:7")]
+    with pytest.raises(
+        NotReplayableError, match=r"not from the input topic webhooks\.raw or the effects topic other"
+    ):
+        rebuild(entry, dlq_topic=DLQ, input_topic=INPUT, effects_topic="other")
+
+
 @pytest.mark.parametrize(
     ("value", "match"),
     [

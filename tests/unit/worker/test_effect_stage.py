@@ -15,8 +15,10 @@ from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import PartitionTransaction
+from pipeline.worker.classify import Classifier
 from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.event_stage import EventStage
 
 from .fakes import ROOT, FakeProducer, record
 
@@ -81,3 +83,58 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
     audit = {s.json()["offset"]: s.json()["outcome"] for s in producer.committed_to(TOPICS.audit)}
     assert audit == {5: "first", 6: "rerouted"}
     assert store.get_many([theirs.encode()]) == {}  # never claimed here
+
+
+def _payment_key_on(partition: int, start: int) -> str:
+    """An event key murmur2 places on input ``partition``."""
+    i = start
+    while owner_partition(f"stripe:evt_cs_{i}".encode(), PARTITIONS) != partition:
+        i += 1
+    return f"stripe:evt_cs_{i}"
+
+
+def _checkout(offset: int, key: str, *, pad: int) -> object:
+    """A checkout.session.completed for payment ``pi_<offset>`` on input partition 0, ``pad`` bytes of filler."""
+    session = {"id": f"cs_{offset}", "payment_intent": f"pi_{offset}", "pad": "x" * pad}
+    event = {"id": key.split(":", 1)[1], "type": "checkout.session.completed", "data": {"object": session}}
+    return record(offset, key, partition=0, value=orjson.dumps(event), topic=TOPICS.input)
+
+
+async def test_a_command_too_large_for_its_command_topic_is_dead_lettered_at_the_event_stage_unclaimed(
+    store: PartitionStore,
+) -> None:
+    """An effects record that fits the effects topic but not its command topic goes to the DLQ (too-large) from the
+    event stage with its event key unclaimed, so replaying it later gives the effect; the next record goes on."""
+    names = [
+        *TOPOLOGY.command_topics(),
+        TOPICS.input,
+        TOPICS.changelog,
+        TOPICS.effects,
+        TOPICS.audit,
+        TOPICS.dlq,
+    ]
+    limits = {**dict.fromkeys(names, 1 << 22), "shop.orders": 3000}
+    outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), limits)
+    producer = FakeProducer("raw-0")
+    tp = TopicPartition(TOPICS.input, 0)
+    txn = PartitionTransaction(
+        tp=tp,
+        group="g",
+        producer=TransactionalProducer(producer, "raw-0"),
+        store=store,
+        changelog=TopicPartition(TOPICS.changelog, 0),
+        limits=outputs.limits,
+    )
+    classifier = Classifier(TOPOLOGY, KeyPartitioner(), input_partitions=PARTITIONS, environ={})
+    stage = EventStage(tp=tp, topology=TOPOLOGY, classifier=classifier, txn=txn, outputs=outputs)
+    big, small = _payment_key_on(0, 0), _payment_key_on(0, 1000)
+    await stage.handle([_checkout(5, big, pad=4000), _checkout(6, small, pad=10)], {})
+    await txn.commit()
+    [dead] = [s.json() for s in producer.committed_to(TOPICS.dlq)]
+    assert (dead["reason"], dead["offset"], dead["topic"]) == ("too-large", 5, TOPICS.input)
+    assert "shop.orders" in dead["error"]
+    assert [s.key for s in producer.committed_to(TOPICS.effects)] == [b"fulfil-order:pi_6"]
+    assert store.get_many([big.encode()]) == {}  # unclaimed: a replay is handled as a first copy
+    assert set(store.get_many([small.encode()])) == {small.encode()}
+    audit = {s.json()["offset"]: s.json()["outcome"] for s in producer.committed_to(TOPICS.audit)}
+    assert audit == {5: "invalid", 6: "first"}
