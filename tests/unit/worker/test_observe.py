@@ -39,7 +39,9 @@ def test_a_partition_behind_the_margin_warns_once_in_a_while(
     assert "48.0 h behind" in caplog.text
 
 
-def test_a_partition_within_the_margin_does_not_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_partition_within_the_margin_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Half a day behind with a one-day margin is no warning."""
     part = _partition(tmp_path, DAY_MS // 2)
     with caplog.at_level(logging.WARNING):
