@@ -162,10 +162,20 @@ class PartitionUnservedError(PipelineError):
 
 
 class ProducerFencedError(PipelineError):
-    """Another producer took over this partition's transactional id (a newer owner, or the broker
-    aborted a transaction open past its timeout): drop the partition until the group assigns it again."""
+    """Another producer took this worker's transactional id (another process with the same id, or the
+    broker aborted a transaction open past its timeout): its transaction is aborted; a new producer,
+    and the worker rejoins its group."""
 
     reason = "fenced"
+
+
+class GroupFencedError(PipelineError):
+    """The group refused the transaction's offsets: it no longer counts this worker a member of the
+    generation they carry (a rebalance went on without it: a zombie). The transaction is aborted and
+    the worker rejoins its group."""
+
+    retriable = True
+    reason = "group-fenced"
 
 
 class ProducerUnusableError(PipelineError):

@@ -117,6 +117,10 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker("store_lock_wait", "seconds to wait for a previous owner's RocksDB lock"),
     _worker("open_timeout", "seconds a partition may keep failing to open before the worker exits"),
     _worker(
+        "transaction_timeout",
+        "seconds the broker lets the worker's transaction stay open before it aborts it (a stalled worker's)",
+    ),
+    _worker(
         "stuck_after", "seconds without progress after which /healthz and /readyz report a partition stuck"
     ),
 )

@@ -1,4 +1,4 @@
-"""Reading a changelog partition for a restore: its bounds, and raw read_committed fetches.
+"""Reading changelog partitions for restores and standbys: their bounds, and raw read_committed fetches.
 
 The reader is a group-less read_committed consumer used only for its connections
 and its offset lookups; the fetches go through :func:`pipeline.kafka.internals.fetch_raw`.
@@ -38,6 +38,10 @@ class ChangelogReader:
     async def end(self, tp: TopicPartition) -> int:
         """The last stable offset: everything before it is committed or aborted."""
         return int((await self._consumer.end_offsets([tp]))[tp])
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        """The high watermark: the end including records of transactions still open."""
+        return await internals.log_end(self._consumer, tp)
 
     async def beginning(self, tp: TopicPartition) -> int:
         """The first offset retention left."""

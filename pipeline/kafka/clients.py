@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import socket
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -43,8 +45,26 @@ def worker_consumer(settings: WorkerSettings, *, assignor: Any = None) -> AIOKaf
     )
 
 
+def worker_transactional_id(settings: WorkerSettings, app: str) -> str:
+    """The transactional id of one worker instance: stable across its restarts, so that its next start
+    aborts what its last one left open, and unique among live workers (its static member id, or this
+    host's name and the worker's own state dir, which no two live workers on one host share)."""
+    instance = settings.instance_id
+    if instance is None:
+        where = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
+        instance = hashlib.sha256(where.encode()).hexdigest()[:16]
+    group = settings.for_topology(app).group
+    return f"{app}-{group}-worker-{instance}"
+
+
+def legacy_transactional_id(app: str, group: str, topic: str, partition: int) -> str:
+    """The transactional id workers before eos-v2 gave each partition's producer: a worker taking the
+    partition over fences it (a rolling upgrade), so an older worker's open transaction is aborted."""
+    return f"{app}-{group}-{topic}-{partition}"
+
+
 def transactional_producer(settings: WorkerSettings, transactional_id: str) -> AIOKafkaProducer:
-    """One partition's producer; starting it fences any older producer with the same id."""
+    """The worker's one producer; starting it fences any older producer with the same id."""
     internals.shorten_concurrent_transactions_wait(CONCURRENT_TXN_RETRY_S)
     return AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap,
@@ -54,6 +74,7 @@ def transactional_producer(settings: WorkerSettings, transactional_id: str) -> A
         max_batch_size=MAX_MESSAGE_BYTES,
         max_request_size=MAX_MESSAGE_BYTES,
         linger_ms=settings.linger_ms,
+        transaction_timeout_ms=int(settings.transaction_timeout * 1000),
         client_id=transactional_id,
     )
 

@@ -22,6 +22,9 @@ ruff's private-member rule keeps it that way.
   producer start that would fence whoever the group assigns the partition to now.
 - :func:`fetch_raw`: one raw fetch of a partition through a consumer's connections,
   the records left undecoded (the restore's fast path).
+- :func:`log_end`: a partition's log end (its high watermark) through a read_committed
+  consumer's connections, which aiokafka's ``end_offsets`` gives only as the last stable
+  offset: a new owner restores until the transactions open there have ended.
 - :func:`batch_builder`: a record batch capped at a topic's own size limit.
 - :func:`admin_request` and :class:`MetadataRequest`: requests aiokafka's admin client
   has no call for, among them Metadata v12 for the cluster id and the topic ids, which
@@ -44,6 +47,7 @@ from aiokafka.producer.transaction_manager import TransactionState
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.protocol.types import (
     AbstractType,
     Boolean,
@@ -207,6 +211,30 @@ async def fetch_raw(
             aborted = data[2] if response.API_VERSION >= 11 else data[-2]
             return RawFetch(MemoryRecords(data[-1]), sorted(aborted or [], key=lambda pair: pair[1]), None)
     return RawFetch(None, [], None)
+
+
+LATEST = -1
+READ_UNCOMMITTED = 0
+
+
+async def log_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+    """``tp``'s high watermark (ListOffsets, latest, read_uncommitted) through ``consumer``'s connections:
+    records of transactions still open count, unlike in the consumer's own ``end_offsets``."""
+    client: Any = consumer._client
+    leader = client.cluster.leader_for_partition(tp)
+    if leader is None or leader == -1:
+        await client.add_topic(tp.topic)
+        leader = client.cluster.leader_for_partition(tp)
+        if leader is None or leader == -1:
+            raise NotLeaderForPartitionError(f"no leader for {tp}")
+    response = await client.send(leader, OffsetRequest(-1, READ_UNCOMMITTED, [(tp.topic, [(tp.partition, LATEST)])]))
+    for _topic, partitions in response.topics:
+        for partition, error_code, _timestamp, offset, *_ in partitions:
+            if partition == tp.partition:
+                if error_code != 0:
+                    raise for_code(error_code)(f"list offsets of {tp}")
+                return int(offset)
+    raise NotLeaderForPartitionError(f"no offset for {tp} in the answer")
 
 
 async def force_metadata_update(consumer: AIOKafkaConsumer) -> None:

@@ -1,5 +1,6 @@
 """Bringing a store level with its changelog: a restore (before a partition is served), and a
-standby's catch-up rounds; both replay through :class:`~pipeline.state.replay.Replay`.
+standby's catch-up rounds; both go through the worker's one :class:`Restorer` (one reader, one
+budget) and replay through :class:`~pipeline.state.replay.Replay`.
 
 The store is a cache of its changelog: a store whose position lies beyond the
 changelog's end caches another log (:class:`~pipeline.errors.StoreStaleError`;
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -23,7 +24,7 @@ from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state.replay import WRITE_RECORDS, Replay, expires_at
 from pipeline.state.store import PartitionStore
 
-__all__ = ["WRITE_RECORDS", "RestoreBudget", "catch_up", "expires_at", "restore"]
+__all__ = ["WRITE_RECORDS", "RestoreBudget", "Restorer", "expires_at"]
 
 
 class RestoreBudget:
@@ -63,69 +64,97 @@ class RestoreBudget:
                 self._changed.notify_all()
 
 
-async def restore(
-    store: PartitionStore,
-    changelog: TopicPartition,
-    *,
-    bootstrap: str,
-    fetch_bytes: int = 32 * 1024 * 1024,
-    progress_every: float = 5.0,
-    remaining: Gauge | None = None,
-    budget: RestoreBudget | None = None,
-) -> int:
-    """Replay ``changelog`` from the store's offset to its end; return the records applied.
+ReaderFactory = Callable[[], ChangelogReader]
 
-    ``remaining`` is an already labelled Gauge child, set to the records left
-    (0 at the end). Progress goes to the log every ``progress_every`` seconds
-    with the rate and an ETA. Tombstones and key-less records are skipped.
-    Two fetches of half of ``fetch_bytes`` are in flight: one is written while the
-    next is read. Raises :class:`BrokerUnavailableError` when the broker cannot be
-    reached, and :class:`StoreStaleError` when the store is ahead of the changelog.
+
+class Restorer:
+    """The worker's one restore service: every active restore and every standby round reads through its
+    one :class:`~pipeline.kafka.changelog.ChangelogReader` (one client's connections) under its one
+    :class:`RestoreBudget` (a restore before any standby).
+
+    The reader starts on first use and is kept until :meth:`close`; a reader whose start failed is
+    dropped, and the next call starts another (aiokafka's ``KafkaError`` reaches the caller, which
+    retries).
     """
-    holding = budget.hold(fetch_bytes) if budget is not None else contextlib.nullcontext()
-    async with holding:
-        reader = ChangelogReader(bootstrap, fetch_bytes=max(fetch_bytes // 2, 1))
+
+    def __init__(self, reader: ReaderFactory, budget: RestoreBudget, *, fetch_bytes: int) -> None:
+        self._make_reader = reader
+        self.budget = budget
+        self.fetch_bytes = fetch_bytes
+        self._reader: ChangelogReader | None = None
+        self._lock = asyncio.Lock()
+
+    async def reader(self) -> ChangelogReader:
+        """The shared reader, started on first use."""
+        async with self._lock:
+            if self._reader is None:
+                reader = self._make_reader()
+                try:
+                    await reader.start()
+                except BaseException:
+                    await reader.stop()
+                    raise
+                self._reader = reader
+            return self._reader
+
+    async def restore(
+        self,
+        store: PartitionStore,
+        changelog: TopicPartition,
+        *,
+        progress_every: float = 5.0,
+        remaining: Gauge | None = None,
+    ) -> int:
+        """Replay ``changelog`` from the store's offset to its log end; return the records applied.
+
+        The end is the high watermark, not the last stable offset: a transaction still open on the
+        changelog (the previous owner's, its markers on their way, or a zombie's that its next
+        offset commit or the transaction timeout aborts) is waited for, so that a new owner never
+        serves without claims its predecessor committed. ``remaining`` is an already labelled Gauge
+        child, set to the records left. Raises :class:`BrokerUnavailableError` when the broker
+        cannot be reached, and :class:`StoreStaleError` when the store is ahead of the changelog.
+        """
         try:
-            await reader.start()
-            end = await reader.end(changelog)  # the last stable offset
-            if _level(store, changelog, end):
-                if remaining is not None:
-                    remaining.set(0)
-                return 0
-            replay = Replay(store, reader, changelog, prefetch=True)
-            applied = await replay.run(end, progress_every=progress_every, remaining=remaining)
+            async with self.budget.hold(self.fetch_bytes):
+                reader = await self.reader()
+                end = await reader.log_end(changelog)
+                if _level(store, changelog, end):
+                    if remaining is not None:
+                        remaining.set(0)
+                    return 0
+                replay = Replay(store, reader, changelog, prefetch=True)
+                applied = await replay.run(end, progress_every=progress_every, remaining=remaining)
         except KafkaError as exc:
             raise BrokerUnavailableError(f"restore {changelog}: {exc!r}") from exc
-        finally:
+        store.expire()
+        if remaining is not None:
+            remaining.set(0)
+        return applied
+
+    async def catch_up(self, store: PartitionStore, changelog: TopicPartition) -> tuple[int, int]:
+        """One round of a standby: replay ``changelog`` from the store's offset to the end it has now
+        (the last stable offset); return (records applied, that end).
+
+        Each fetch holds the reader's fetch size of the budget, behind any restore. Raises
+        :class:`StoreStaleError` when the store is ahead of the changelog, and aiokafka's
+        ``KafkaError`` when the broker cannot be reached (the standby tries again later).
+        """
+        reader = await self.reader()
+        end = await reader.end(changelog)
+        if _level(store, changelog, end):
+            return 0, end
+        replay = Replay(store, reader, changelog, prefetch=False, quiet=True)
+        budget = self.budget
+        applied = await replay.run(end, hold=lambda: budget.hold(reader.fetch_bytes, urgent=False))
+        store.expire()
+        return applied, end
+
+    async def close(self) -> None:
+        """Stop the shared reader."""
+        async with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
             await reader.stop()
-    store.expire()
-    if remaining is not None:
-        remaining.set(0)
-    return applied
-
-
-async def catch_up(
-    store: PartitionStore,
-    changelog: TopicPartition,
-    *,
-    reader: ChangelogReader,
-    budget: RestoreBudget | None = None,
-) -> tuple[int, int]:
-    """One round of a standby: replay ``changelog`` from the store's offset to the end it has now,
-    through an open ``reader`` shared by the worker's standbys; return (records applied, that end).
-
-    Each fetch holds the reader's fetch size of ``budget``, behind any restore. Raises
-    :class:`StoreStaleError` when the store is ahead of the changelog, and aiokafka's
-    ``KafkaError`` when the broker cannot be reached (the standby tries again later).
-    """
-    end = await reader.end(changelog)
-    if _level(store, changelog, end):
-        return 0, end
-    replay = Replay(store, reader, changelog, prefetch=False, quiet=True)
-    hold = (lambda: budget.hold(reader.fetch_bytes, urgent=False)) if budget is not None else None
-    applied = await replay.run(end, hold=hold)
-    store.expire()
-    return applied, end
 
 
 def _level(store: PartitionStore, changelog: TopicPartition, end: int) -> bool:

@@ -1,33 +1,34 @@
-"""One partition's transaction: the only writer of its state, and the one place that owns the commit order.
+"""The worker's one Kafka transaction, and the one place that owns the commit order.
 
-For a batch of records from one partition:
+A worker has one transactional producer and at most one open transaction, over every
+partition it serves (eos-v2, KIP-447). Each partition that handles records takes its
+part of it (:class:`~pipeline.state.partition_transaction.PartitionTransaction`: its
+staged claims, its offsets, its stream time); every output record of every part goes
+into this transaction's batches. :meth:`Transaction.commit` then does, in this order:
 
-1. each record is decided against the store *and* the batch's own staged
-   claims (:meth:`PartitionTransaction.lookup`, :meth:`PartitionTransaction.staged`);
-2. :meth:`PartitionTransaction.stage` remembers a key's new state and appends
-   its changelog record; commands, audit, DLQ records and reroutes are
-   appended with :meth:`PartitionTransaction.emit`, each checked against its
-   topic's size limit first, and stamped with the current time instead of its
-   own when its topic would refuse its timestamp;
-3. :meth:`PartitionTransaction.commit`: flush → the consumer offset into the
-   transaction → commit → one RocksDB ``WriteBatch`` (entries, changelog
-   offset, stream time) → expiry of whole buckets.
+1. flush: every batch is sent and every send acknowledged;
+2. the consumer offsets of every part, in the transaction (``TxnOffsetCommit`` with the
+   group's generation and member id: a worker the group has moved on from is refused
+   here, which fences a zombie);
+3. commit (``EndTxn``);
+4. per part, one RocksDB ``WriteBatch`` (entries, changelog offset, stream time), then the
+   expiry of whole buckets.
 
-A crash before the Kafka commit aborts everything (the broker aborts the
-transaction when the next producer with this transactional id starts). A
-crash, or a store error, after it is repaired by replaying the changelog from
-the store's offset, which never runs ahead of what the store holds.
+A crash before 3 leaves an open transaction that the broker aborts (this worker's next
+producer, which has the same transactional id, or the transaction timeout); a crash, or
+a store error, after it leaves a store behind its changelog, which a restore repairs.
 
-What can go wrong, and what each call raises then (the transaction is over,
-aborted or committed, whenever one of them raises):
+What each call raises (the transaction is over, aborted or committed, whenever one of them
+raises, and every part is reset):
 
-- :class:`~pipeline.errors.ProducerFencedError` and
-  :class:`~pipeline.errors.ProducerUnusableError`, from the producer: the
-  partition stops using it;
-- :class:`TransactionFailedError`: the broker refused the transaction, which
-  was aborted: redo the batch;
-- :class:`~pipeline.errors.StoreError`: the store write after a successful
-  Kafka commit failed: the store is behind its changelog until a restore.
+- :class:`~pipeline.errors.ProducerFencedError`, :class:`~pipeline.errors.ProducerUnusableError`:
+  this producer is done (the caller replaces it);
+- :class:`~pipeline.errors.GroupFencedError`: the group no longer counts this worker a member
+  of the generation its offsets carry: aborted, and the worker rejoins;
+- :class:`TransactionFailedError`: the broker refused the transaction, which was aborted:
+  redo its records;
+- a part's :class:`~pipeline.errors.StoreError` after the Kafka commit is not raised but
+  returned in :class:`Committed`: that part's store is behind, the others are written.
 """
 
 from __future__ import annotations
@@ -36,18 +37,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import PipelineError, RecordTooLargeError
+from pipeline.errors import IllegalTransitionError, PipelineError, StoreError
 from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
-from pipeline.kafka.record_size import RECORD_OVERHEAD, record_size
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.kafka.transactional import TransactionalProducer
-from pipeline.state.decision import Entry
-from pipeline.state.store import Change, PartitionStore
+
+if TYPE_CHECKING:
+    from pipeline.state.partition_transaction import PartitionTransaction
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ SEND_BYTES = 128 * 1024  # a batch this big is sent at the next drain instead of
 #: record reaches the broker a little after it is stamped.
 BEFORE_MARGIN_MS = 300_000
 _NO_HEADERS: list[Header] = []  # aiokafka's C batch builder takes only a list; it never changes it
+Slot = tuple[str, int]
 
 
 def _wall() -> float:
@@ -64,116 +68,109 @@ def _wall() -> float:
 
 
 class TransactionFailedError(PipelineError):
-    """A transaction could not be committed; it was aborted and the batch must be redone.
+    """A transaction could not be committed; it was aborted and its records must be redone.
 
-    Its ``__cause__`` is the broker's error when the broker refused it (the partition
-    bisects on the ones a record causes).
+    Its ``__cause__`` is the broker's error when the broker refused it (a refusal caused by
+    a record is isolated and bisected: :mod:`pipeline.worker.poison`).
     """
 
     retriable = True
     reason = "transaction-failed"
 
 
-class PartitionTransaction:
-    """Stages one partition's batch and commits it: Kafka transaction first, then the store."""
+class TxnState(StrEnum):
+    """Where the worker's transaction is."""
+
+    IDLE = "idle"  # none open
+    OPEN = "open"  # begun: parts stage and emit into it
+    COMMITTING = "committing"  # flush, offsets, commit, stores
+
+
+TXN_TRANSITIONS: Mapping[TxnState, frozenset[TxnState]] = {
+    TxnState.IDLE: frozenset({TxnState.OPEN}),
+    TxnState.OPEN: frozenset({TxnState.COMMITTING, TxnState.IDLE}),
+    TxnState.COMMITTING: frozenset({TxnState.IDLE}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PartCommitted:
+    """What one part's commit did: its input records, the keys expiry dropped, its store's failure."""
+
+    records: int
+    expired: int = 0
+    store_error: StoreError | None = None
+
+
+@dataclass(slots=True)
+class Committed:
+    """Each part's outcome of a commit, by input partition."""
+
+    parts: dict[TopicPartition, PartCommitted] = field(default_factory=dict)
+
+
+class Transaction:
+    """The worker's one transaction over its one producer (see the module docstring)."""
 
     def __init__(
         self,
-        *,
-        tp: TopicPartition,
-        group: str,
         producer: TransactionalProducer,
-        store: PartitionStore,
-        changelog: TopicPartition,
+        *,
+        group: str,
         limits: Mapping[str, int] | None = None,
         timestamps: Mapping[str, tuple[int, int]] | None = None,
         send_bytes: int = SEND_BYTES,
         wall: Callable[[], float] | None = None,
     ) -> None:
-        self.tp = tp
-        self.group = group
         self.producer = producer
-        self.store = store
-        self.changelog = changelog
+        self.group = group
         self.limits: Mapping[str, int] = limits or {}  # topic -> largest record it takes
         self.timestamps: Mapping[str, tuple[int, int]] = timestamps or {}  # topic -> (before, after) ms
         self.send_bytes = send_bytes
         self.wall = wall or _wall
-        self.restamp = False  # set while a record whose outputs the broker refused is redone: stamp them now
-        self._staged: dict[bytes, Change] = {}
-        self._batches: dict[tuple[str, int], Any] = {}
-        self._full: list[tuple[tuple[str, int], Any]] = []
-        self._futures: list[asyncio.Future[Any]] = []
-        self._changelog_sent: list[tuple[asyncio.Future[Any], int]] = []
-        self.in_transaction = False
+        self.state = TxnState.IDLE
         self.opened_at = 0.0
-        self.first_offset: int | None = None
-        self.next_offset: int | None = None
-        self.records = 0
-        self.stream_time = store.stream_time
+        self.parts: dict[TopicPartition, PartitionTransaction] = {}  # the parts in the open transaction
+        self._batches: dict[Slot, Any] = {}
+        self._full: list[tuple[Slot, Any]] = []
+        self._futures: list[asyncio.Future[Any]] = []
+        self._last_sent: dict[Slot, tuple[asyncio.Future[Any], int]] = {}  # per changelog slot
 
-    # -- reads -----------------------------------------------------------------
-    def lookup(self, keys: list[bytes]) -> dict[bytes, Entry]:
-        """Current entries of ``keys``: staged in this batch first, then the store (StoreError on a read failure)."""
-        found = {key: self._staged[key].entry for key in keys if key in self._staged}
-        missing = [key for key in keys if key not in found]
-        if missing:
-            found.update(self.store.get_many(missing))
-        return found
+    # -- state ---------------------------------------------------------------------------
+    def _move(self, target: TxnState) -> None:
+        if target not in TXN_TRANSITIONS[self.state]:
+            raise IllegalTransitionError(f"transaction: no transition from {self.state} to {target}")
+        self.state = target
 
-    def staged(self, key: bytes) -> Entry | None:
-        """The entry staged for ``key`` in this batch, if any."""
-        change = self._staged.get(key)
-        return change.entry if change else None
+    @property
+    def open(self) -> bool:
+        """Whether a transaction is open (begun, not yet committed or aborted)."""
+        return self.state is not TxnState.IDLE
 
-    # -- writes ----------------------------------------------------------------
-    async def begin(self) -> None:
-        """Open the partition's transaction if none is open."""
-        if self.in_transaction:
-            return
-        await self.producer.begin()
-        self.in_transaction = True
-        self.opened_at = time.monotonic()
-        self.records = 0
+    @property
+    def records(self) -> int:
+        """Input records the open transaction holds, all parts together."""
+        return sum(part.records for part in self.parts.values())
 
-    def stage(self, key: bytes, entry: Entry, previous: Entry | None) -> None:
-        """Remember ``key``'s new state and append its changelog record.
+    def due(self, *, interval: float, max_records: int) -> bool:
+        """Whether the open transaction is old or big enough to commit."""
+        return self.state is TxnState.OPEN and (
+            self.records >= max_records or time.monotonic() - self.opened_at >= interval
+        )
 
-        The state reaches the store only after the commit; the changelog record
-        (every change, so a restored store has the counts too) travels in the
-        transaction itself. It is stamped with the time it is written, not the
-        input's: the changelog's ``retention.ms`` runs on the broker's clock from
-        the record timestamp, and a worker working through a backlog days old
-        would otherwise write claims the broker deletes while they are still
-        live. Stream time travels in the entry itself (its ``last_seen``), which
-        is what a replay reads (:mod:`pipeline.state.replay`).
-        """
-        earlier = self._staged.get(key)
-        value = entry.encode()
-        self._staged[key] = Change(entry, earlier.previous if earlier else previous, value)
-        changelog = self.changelog
-        written = int(self.wall() * 1000)
-        self.emit(changelog.topic, changelog.partition, key=key, value=value, timestamp=written)
+    # -- writes --------------------------------------------------------------------------
+    async def join(self, part: PartitionTransaction) -> None:
+        """Open the transaction if none is open, and count ``part`` in it."""
+        if self.state is TxnState.IDLE:
+            await self.producer.begin()
+            self._move(TxnState.OPEN)
+            self.opened_at = time.monotonic()
+        self.parts[part.tp] = part
 
-    def fits(self, topic: str, key: bytes | None, value: bytes, headers: list[Header] | None = None) -> bool:
-        """Whether a record of this size is within ``topic``'s limit."""
+    def fits(self, topic: str, size: int) -> bool:
+        """Whether a record of ``size`` bytes on the wire is within ``topic``'s limit."""
         limit = self.limits.get(topic)
-        if limit is None:
-            return True
-        if headers:
-            return record_size(key, value, headers) <= limit
-        return RECORD_OVERHEAD + len(value) + (len(key) if key is not None else 0) <= limit
-
-    def consumed(self, offset: int) -> None:
-        """Mark input ``offset`` as handled in this transaction."""
-        if self.first_offset is None:
-            self.first_offset = offset
-        self.next_offset = offset + 1
-        self.records += 1
-
-    def observe(self, timestamp: int) -> None:
-        """Move stream time to ``timestamp`` (a valid record of this partition, its time already bounded)."""
-        self.stream_time = max(self.stream_time, timestamp)
+        return limit is None or size <= limit
 
     def emit(
         self,
@@ -184,21 +181,16 @@ class PartitionTransaction:
         value: bytes,
         timestamp: int,
         headers: list[Header] | None = None,
+        restamp: bool = False,
     ) -> None:
         """Append a record to the open transaction (batched per topic-partition; sent by :meth:`drain`).
 
-        Raises :class:`RecordTooLargeError` when the record exceeds ``topic``'s limit:
-        nothing is appended then, and the caller sends something smaller instead. A
-        timestamp ``topic`` would refuse is replaced by the current time, the original
-        kept in the ``original-timestamp`` header.
+        A timestamp ``topic`` would refuse (or any, with ``restamp``) is replaced by the
+        current time, the original kept in the ``original-timestamp`` header.
         """
-        if not self.fits(topic, key, value, headers):
-            raise RecordTooLargeError(
-                f"a record of {len(value)} bytes is larger than {topic} takes ({self.limits[topic]} bytes)"
-            )
         bounds = self.timestamps.get(topic)
-        if self.restamp or bounds is not None:
-            timestamp, headers = self._stamp(timestamp, headers, bounds)
+        if restamp or bounds is not None:
+            timestamp, headers = self._stamp(timestamp, headers, bounds, restamp)
         if headers is None:
             headers = _NO_HEADERS
         slot = (topic, partition)
@@ -216,10 +208,10 @@ class PartitionTransaction:
         return self.producer.batch(min(self.limits.get(topic, MAX_MESSAGE_BYTES), MAX_MESSAGE_BYTES))
 
     def _stamp(
-        self, timestamp: int, headers: list[Header] | None, bounds: tuple[int, int] | None
+        self, timestamp: int, headers: list[Header] | None, bounds: tuple[int, int] | None, restamp: bool
     ) -> tuple[int, list[Header] | None]:
         now = int(self.wall() * 1000)
-        if not self.restamp and bounds is not None:
+        if not restamp and bounds is not None:
             before, after = bounds
             if now - before + BEFORE_MARGIN_MS <= timestamp <= now + after:
                 return timestamp, headers
@@ -228,10 +220,8 @@ class PartitionTransaction:
     async def drain(self) -> None:
         """Hand the full batches, and those past ``send_bytes``, to the producer (in the order they filled).
 
-        The producer's batches may grow to the largest record size (4 MiB), so a
-        whole transaction would otherwise be sent at its commit and the commit
-        would wait for all of it; sent early, it travels while the next records
-        are handled.
+        A whole transaction would otherwise be sent at its commit and the commit would wait
+        for all of it; sent early, it travels while the next records are handled.
         """
         for slot, batch in list(self._batches.items()):
             if batch.size() >= self.send_bytes:
@@ -241,15 +231,14 @@ class PartitionTransaction:
         for slot, batch in full:
             await self._send(slot, batch)
 
-    async def _send(self, slot: tuple[str, int], batch: Any) -> None:
+    async def _send(self, slot: Slot, batch: Any) -> None:
         count = batch.record_count()
         if count == 0:
             return
         batch.close()  # complete: the producer sends it at once instead of lingering for more records
         future = await self.producer.send_batch(batch, slot[0], slot[1])
         self._futures.append(future)
-        if slot == (self.changelog.topic, self.changelog.partition):
-            self._changelog_sent.append((future, count))
+        self._last_sent[slot] = (future, count)
 
     async def _flush(self) -> None:
         await self.drain()
@@ -262,48 +251,45 @@ class PartitionTransaction:
                 if isinstance(result, BaseException):
                     raise self.producer.outcome(result)
 
-    def due(self, *, interval: float, max_records: int) -> bool:
-        """Whether the open transaction is old or big enough to commit."""
-        return self.in_transaction and (
-            self.records >= max_records or time.monotonic() - self.opened_at >= interval
-        )
+    def last_offset(self, slot: Slot) -> int | None:
+        """The offset of the last record this transaction wrote to ``slot`` (after a flush), if any."""
+        sent = self._last_sent.get(slot)
+        if sent is None:
+            return None
+        future, count = sent
+        return int(future.result().offset) + count - 1
 
-    async def commit(self) -> tuple[int, int]:
-        """Commit: flush, offsets, Kafka commit, then one ``WriteBatch`` to the store, then expiry.
-
-        Returns (input records committed, keys expired). Raises as the module
-        docstring says; whatever happens, the transaction is over when this
-        returns or raises.
-        """
-        if not self.in_transaction:
-            return 0, 0
+    # -- the end -------------------------------------------------------------------------
+    async def commit(self) -> Committed:
+        """Flush, every part's offsets, the Kafka commit, then each part's store (module docstring)."""
+        committed = Committed()
+        if self.state is not TxnState.OPEN:
+            return committed
+        self._move(TxnState.COMMITTING)
+        parts = list(self.parts.values())
         try:
             await self._flush()
-            if self.next_offset is not None:
-                await self.producer.send_offsets({self.tp: self.next_offset}, self.group)
+            offsets = {p.tp: p.next_offset for p in parts if p.next_offset is not None}
+            if offsets:
+                await self.producer.send_offsets(offsets, self.group)
             await self.producer.commit()
         except KafkaError as exc:
             await self.abort()
-            raise TransactionFailedError(f"{self.tp}: transaction aborted: {exc!r}") from exc
+            raise TransactionFailedError(f"transaction aborted: {exc!r}") from exc
         except BaseException:
             self._reset()
             raise
-        committed = self.records
         try:
-            changelog_offset = None
-            if self._changelog_sent:
-                future, count = self._changelog_sent[-1]
-                changelog_offset = future.result().offset + count - 1
-            self.store.write(self._staged, changelog_offset=changelog_offset, stream_time=self.stream_time)
-            expired = self.store.expire()
+            for part in parts:
+                committed.parts[part.tp] = part.apply(self.last_offset(part.changelog_slot))
         finally:
             self._reset()
-        return committed, expired
+        return committed
 
     async def abort(self) -> None:
-        """Abort the open transaction and forget everything staged (raises when only a new producer can)."""
+        """Abort the open transaction and reset every part (raises when only a new producer can)."""
         try:
-            if self.in_transaction:
+            if self.state is not TxnState.IDLE:
                 if self._futures:  # aiokafka refuses to abort with sends in flight
                     await asyncio.gather(*self._futures, return_exceptions=True)
                 await self.producer.abort()
@@ -316,11 +302,8 @@ class PartitionTransaction:
         self._batches.clear()
         self._full.clear()
         self._futures.clear()
-        self._changelog_sent.clear()
-        self._staged.clear()
-        self.in_transaction = False
-        self.restamp = False
-        self.first_offset = None
-        self.next_offset = None
-        self.records = 0
-        self.stream_time = self.store.stream_time
+        self._last_sent.clear()
+        for part in self.parts.values():
+            part.reset()
+        self.parts.clear()
+        self.state = TxnState.IDLE

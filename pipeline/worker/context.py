@@ -1,27 +1,26 @@
-"""What every partition of one worker shares (:class:`PartitionContext`), and what it builds for each.
+"""What every task of one worker shares (:class:`PartitionContext`), and what it builds for each.
 
-The settings, topology, classifier, output topics, metrics and restore budget of the
-worker; the identity, store, stage and transactional producer of each partition it
-opens are made here, so that :mod:`pipeline.worker.partition` holds only a
-partition's life.
+The settings, topology, classifier, output topics, metrics and restore service of the
+worker; the identity, store and stage of each partition it serves are made here, so that
+:mod:`pipeline.worker.task` holds only a task's life.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.errors import BrokerUnavailableError
-from pipeline.kafka.clients import transactional_producer
-from pipeline.kafka.transactional import TransactionalProducer
+from pipeline.errors import PipelineError
 from pipeline.state import directory
-from pipeline.state.restore import RestoreBudget
+from pipeline.state.partition_transaction import PartitionTransaction
+from pipeline.state.restore import Restorer
 from pipeline.state.store import PartitionStore
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.state.transaction import PartitionTransaction
+from pipeline.state.transaction import Transaction
 from pipeline.topology import Topology
 from pipeline.worker.classify import Classifier
 from pipeline.worker.effect_stage import EffectStage
@@ -34,7 +33,7 @@ from pipeline.worker.stage import Stage
 
 @dataclass(frozen=True)
 class PartitionContext:
-    """What every partition of one worker shares: settings, topology, outputs, metrics, where stores live."""
+    """What every task of one worker shares: settings, topology, outputs, metrics, where stores live."""
 
     settings: WorkerSettings
     topology: Topology
@@ -44,10 +43,8 @@ class PartitionContext:
     cluster: str = ""  # the cluster id, and each changelog's topic id: a store caches one changelog
     topic_ids: Any = None  # Mapping[str, str]
     open_store: directory.StoreOpener = PartitionStore.open
-    budget: RestoreBudget | None = None
-    # whether the group still counts this worker a member of its generation (None: unknown);
-    # asked before every producer start, which would fence whoever the group assigns the partition to
-    member: Callable[[], Awaitable[bool | None]] | None = None
+    restorer: Restorer | None = None  # the worker's one restore service (active restores and standbys)
+    wall: Callable[[], float] = time.time  # the clock a record's time is bounded by
 
     def identity(self, tp: TopicPartition, changelog: TopicPartition) -> StoreIdentity:
         """Whose store ``tp``'s is (names), and which changelog it caches (ids)."""
@@ -92,6 +89,7 @@ class PartitionContext:
                 recorder=recorder,
                 chunk_records=settings.chunk_records,
                 max_skew_ms=skew_ms,
+                wall=self.wall,
             )
         return EffectStage(
             tp=tp,
@@ -101,62 +99,17 @@ class PartitionContext:
             recorder=recorder,
             chunk_records=settings.chunk_records,
             max_skew_ms=skew_ms,
+            wall=self.wall,
         )
 
-    def transaction_for(
-        self,
-        tp: TopicPartition,
-        producer: TransactionalProducer,
-        store: PartitionStore,
-        changelog: TopicPartition,
+    def part_for(
+        self, tp: TopicPartition, txn: Transaction, store: PartitionStore, changelog: TopicPartition
     ) -> PartitionTransaction:
-        """``tp``'s transaction over its producer and its store (served), with the output topics' limits."""
-        settings = self.worker_settings
-        return PartitionTransaction(
-            tp=tp,
-            group=settings.group,
-            producer=producer,
-            store=store,
-            changelog=changelog,
-            limits=self.outputs.limits,
-            timestamps=self.outputs.timestamps,
-            send_bytes=settings.send_bytes,
-        )
+        """``tp``'s part of the worker's transaction, over its store (served)."""
+        return PartitionTransaction(tp=tp, txn=txn, store=store, changelog=changelog)
 
-    def restore_options(self, tp: TopicPartition) -> dict[str, Any]:
-        """The keywords of :func:`pipeline.state.restore.restore` for ``tp``'s store."""
-        settings = self.worker_settings
-        return {
-            "bootstrap": settings.bootstrap,
-            "fetch_bytes": settings.restore_fetch_bytes,
-            "progress_every": settings.restore_progress_every,
-            "remaining": self.metrics.restore_remaining.labels(tp.topic, str(tp.partition)),
-            "budget": self.budget,
-        }
-
-    async def start_producer(self, tp: TopicPartition, name: str) -> TransactionalProducer:
-        """A started producer with ``tp``'s transactional id, once the group confirms this worker (starting
-        it fences every older one); a failed start stops it and raises."""
-        await self.check_member(name)
-        producer = self.new_producer(tp, name)
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
-        return producer
-
-    def new_producer(self, tp: TopicPartition, name: str) -> TransactionalProducer:
-        """A producer with ``tp``'s transactional id: starting it fences every older one."""
-        settings = self.worker_settings
-        txn_id = f"{self.topology.app}-{settings.group}-{tp.topic}-{tp.partition}"
-        return TransactionalProducer(transactional_producer(settings, txn_id), name)
-
-    async def check_member(self, name: str) -> None:
-        """Raise :class:`BrokerUnavailableError` (retriable: opening tries again) unless the group confirms
-        this worker is still a member of its generation: a worker dropped from its group while it
-        could not hear (an outage, a pause) would otherwise fence the partition's new assignee."""
-        if self.member is not None and not await self.member():
-            raise BrokerUnavailableError(
-                f"{name}: the group does not confirm this worker as a member now; not starting its producer"
-            )
+    def require_restorer(self) -> Restorer:
+        """The worker's restore service (made at its start)."""
+        if self.restorer is None:
+            raise PipelineError("the worker has no restore service")
+        return self.restorer

@@ -28,7 +28,7 @@ from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object
 from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.state.decision import Outcome, decide
-from pipeline.state.transaction import PartitionTransaction
+from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.topology import Topology
 from pipeline.worker.emitter import Emitter, OutputTopics
 from pipeline.worker.metrics import NullRecorder, Recorder

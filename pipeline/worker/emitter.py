@@ -19,7 +19,8 @@ from typing import Any
 from pipeline.contract import Delivery, audit_value
 from pipeline.dead_letter import dlq_value
 from pipeline.headers import REROUTED_FROM_HEADER
-from pipeline.state.transaction import Header, PartitionTransaction
+from pipeline.state.partition_transaction import PartitionTransaction
+from pipeline.state.transaction import Header
 from pipeline.topology import Topics
 from pipeline.worker.metrics import Recorder
 

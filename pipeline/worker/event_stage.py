@@ -27,7 +27,8 @@ from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
 from pipeline.kafka.partitioner import key_hash
 from pipeline.state.decision import Entry, Outcome, decide, fingerprint_like, volatile_pattern
-from pipeline.state.transaction import Header, PartitionTransaction
+from pipeline.state.partition_transaction import PartitionTransaction
+from pipeline.state.transaction import Header
 from pipeline.topology import Expiry, Route, Topology
 from pipeline.worker.classify import Accepted, Classified, Classifier, Invalid, Reroute
 from pipeline.worker.emitter import Emitter, OutputTopics

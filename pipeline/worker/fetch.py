@@ -7,42 +7,44 @@ it can be handled now), the worker is asked to stop, or it failed. aiokafka's
 when cancelled, and that count drives ``max_poll_interval_ms``), so a fetch cut
 short is not cancelled: it stays pending, and a later call takes what it returns.
 aiokafka hands records out only as ``getmany`` returns, so nothing is taken before then.
+
+A fetch that returned while the loop was busy is kept until the loop asks: when a partition is
+moved meanwhile (a seek after an aborted transaction), what the fetch holds of it is stale and
+:meth:`LoopFetch.forget` drops it. aiokafka itself drops what it fetched before a seek and had
+not handed out yet, so this is the one place stale records are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 Batches = dict[TopicPartition, list[Any]]
-_Snapshot = TypeVar("_Snapshot")
 
 
-class LoopFetch(Generic[_Snapshot]):
-    """One fetch at a time from the group consumer, woken early on request.
+class LoopFetch:
+    """One fetch at a time from the group consumer, woken early on request."""
 
-    Each result comes with the ``snapshot`` taken when its fetch began (the loop's
-    partitions and their generations), so the loop can tell records that went stale
-    while the fetch waited.
-    """
-
-    def __init__(self, *, max_records: int, snapshot: Callable[[], _Snapshot]) -> None:
+    def __init__(self, *, max_records: int) -> None:
         self.max_records = max_records
-        self._snapshot = snapshot
         self._woken = asyncio.Event()
-        self._pending: tuple[asyncio.Future[Batches], _Snapshot] | None = None
+        self._pending: asyncio.Future[Batches] | None = None
 
     def wake(self) -> None:
         """End the current wait now (or the next one at once, if none is waiting)."""
         self._woken.set()
 
-    async def next(
-        self, consumer: AIOKafkaConsumer, wait_ms: int, *, hurry: bool = False
-    ) -> tuple[Batches, _Snapshot]:
-        """Records fetched within ``wait_ms`` (or until woken), and the snapshot from the fetch's start.
+    def forget(self, tp: TopicPartition) -> None:
+        """``tp`` was moved: drop what a fetch that already returned holds of it (one still waiting
+        gets only records from the new position: aiokafka drops the older ones)."""
+        fetch = self._pending
+        if fetch is not None and fetch.done() and not fetch.cancelled() and fetch.exception() is None:
+            fetch.result().pop(tp, None)
+
+    async def next(self, consumer: AIOKafkaConsumer, wait_ms: int, *, hurry: bool = False) -> Batches:
+        """Records fetched within ``wait_ms`` (or until woken).
 
         With ``wait_ms`` 0 or ``hurry``, it does not wait: a pending fetch that has not
         returned yet gives nothing this time.
@@ -50,13 +52,13 @@ class LoopFetch(Generic[_Snapshot]):
         self._woken.clear()
         hurry = hurry or wait_ms == 0
         if self._pending is None:
-            began = self._snapshot()
             if hurry:
                 batches: Batches = await consumer.getmany(timeout_ms=0, max_records=self.max_records)
-                return batches, began
-            task = asyncio.ensure_future(consumer.getmany(timeout_ms=wait_ms, max_records=self.max_records))
-            self._pending = (task, began)
-        fetch, began = self._pending
+                return batches
+            self._pending = asyncio.ensure_future(
+                consumer.getmany(timeout_ms=wait_ms, max_records=self.max_records)
+            )
+        fetch = self._pending
         if not fetch.done() and not hurry:
             woken = asyncio.ensure_future(self._woken.wait())
             try:
@@ -64,15 +66,14 @@ class LoopFetch(Generic[_Snapshot]):
             finally:
                 woken.cancel()
         if not fetch.done():
-            return {}, began
+            return {}
         self._pending = None
-        return fetch.result(), began
+        return fetch.result()
 
     async def close(self) -> None:
         """Drop a pending fetch (the consumer is stopping: what it held is fetched again by the next owner)."""
-        if self._pending is None:
+        fetch, self._pending = self._pending, None
+        if fetch is None:
             return
-        fetch, _ = self._pending
-        self._pending = None
         fetch.cancel()
         await asyncio.gather(fetch, return_exceptions=True)

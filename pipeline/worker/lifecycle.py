@@ -1,28 +1,23 @@
-"""A partition's lifecycle: the states and the only transitions between them.
+"""A task's lifecycle: the states and the only transitions between them.
 
-::
+An active task (:mod:`pipeline.worker.task`: a partition this worker serves)::
 
-    OPENING ──▶ RESTORING ──▶ READY ◀──▶ COMMITTING
-       │            │         │ │ │       │    │
-       │            │         │ ▼ ▼       ▼    ▼
-       │            │         │ BROKEN ◀──┘  FENCED ◀── (READY too)
-       ▼            ▼         ▼   │              │
-     CLOSED ◀───────┴─────────┴───┴──────────────┘
+    OPENING ──▶ RESTORING ──▶ READY ──▶ BROKEN
+       │            │           │          │
+       ▼            ▼           ▼          ▼
+     CLOSED ◀───────┴───────────┴──────────┘
 
-- OPENING: the store is opened (with bounded retry) and the transactional
-  producer started, which fences an older owner and aborts its transaction;
-- RESTORING: the changelog is replayed into the store;
-- READY: records are handled into the open transaction (or it is idle);
-- COMMITTING: a commit is in flight; records fetched meanwhile wait;
-- BROKEN: the producer cannot continue, or the store failed: the partition is
-  closed and opened again while the group still assigns it to this worker;
-- FENCED: another producer took the transactional id: closed, and never opened
-  again until the group assigns the partition anew;
-- CLOSED: the producer is stopped and the store closed.
+- OPENING: the store is opened (with bounded retry), and the group's committed offset read
+  stable (a transaction still holding the partition's offsets is waited out);
+- RESTORING: the changelog is replayed into the store, to its log end;
+- READY: the task's records are handled into the worker's transaction (or it is idle);
+- BROKEN: its store failed: the task is closed and opened again while the group still
+  assigns the partition to this worker (restore repairs the store);
+- CLOSED: the store is closed.
 
-A failure while OPENING or RESTORING closes the partition (the loop stops the
-worker when it stays unserved); a COMMITTING partition is closed only once its
-commit has ended.
+A failure while OPENING or RESTORING closes the task (the table stops the worker when the
+partition stays unserved). Fences and refused transactions are the worker's, not a task's:
+they abort the worker's transaction and every task in it goes back to its first record in it.
 
 A standby replica (:mod:`pipeline.worker.standby`) has a life of its own::
 
@@ -48,14 +43,12 @@ from pipeline.errors import IllegalTransitionError
 
 
 class PartitionState(StrEnum):
-    """Where one partition is in its life."""
+    """Where one active task (a served partition) is in its life."""
 
     OPENING = "opening"
     RESTORING = "restoring"
     READY = "ready"
-    COMMITTING = "committing"
     BROKEN = "broken"
-    FENCED = "fenced"
     CLOSED = "closed"
 
 
@@ -63,13 +56,11 @@ _S = PartitionState
 TRANSITIONS: Mapping[PartitionState, frozenset[PartitionState]] = {
     _S.OPENING: frozenset({_S.RESTORING, _S.CLOSED}),
     _S.RESTORING: frozenset({_S.READY, _S.CLOSED}),
-    _S.READY: frozenset({_S.COMMITTING, _S.BROKEN, _S.FENCED, _S.CLOSED}),
-    _S.COMMITTING: frozenset({_S.READY, _S.BROKEN, _S.FENCED}),
+    _S.READY: frozenset({_S.BROKEN, _S.CLOSED}),
     _S.BROKEN: frozenset({_S.CLOSED}),
-    _S.FENCED: frozenset({_S.CLOSED}),
     _S.CLOSED: frozenset(),
 }
-SERVING = frozenset({_S.READY, _S.COMMITTING})
+SERVING = frozenset({_S.READY})
 
 
 class StandbyState(StrEnum):
@@ -119,7 +110,7 @@ class Lifecycle(Generic[_State]):
 
     @property
     def serving(self) -> bool:
-        """Whether records of the partition are being handled (READY or COMMITTING)."""
+        """Whether records of the partition are being handled (READY)."""
         return self.state in SERVING
 
     @property

@@ -1,6 +1,6 @@
 """Opening a partition: retrying each step while it may pass.
 
-Every step of opening (the store, the fencing producer, the restore) is
+Every step of opening (the store, the committed offset, the restore) is
 retried with backoff while its error is retriable, until the partition's
 deadline; a store another process holds is waited for ``store_lock_wait`` at
 most. Where the store lives and when it is rebuilt is :mod:`pipeline.state.directory`'s.
@@ -19,7 +19,7 @@ from aiokafka.errors import IllegalOperation, KafkaError
 
 from pipeline.errors import PipelineError, StoreError, StoreLockedError, StoreStaleError
 from pipeline.state import directory
-from pipeline.state.restore import restore
+from pipeline.state.restore import Restorer
 from pipeline.state.store import PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 
@@ -73,6 +73,7 @@ async def restore_to_serve(
     identity: StoreIdentity,
     opener: directory.StoreOpener,
     keep: Callable[[PartitionStore], object],
+    restorer: Restorer,
     **options: Any,
 ) -> int:
     """Replay ``changelog`` into ``store`` (opened to follow it), then reopen it to be served; returns the
@@ -80,11 +81,11 @@ async def restore_to_serve(
     from the start. ``keep`` is given each store that replaces the last, so that the caller always
     holds the open one, and releases it when a later step raises."""
     try:
-        applied = await restore(store, changelog, **options)
+        applied = await restorer.restore(store, changelog, **options)
     except StoreStaleError as exc:
         store = directory.rebuild(store, identity=identity, why=str(exc), opener=opener)
         keep(store)
-        applied = await restore(store, changelog, **options)
+        applied = await restorer.restore(store, changelog, **options)
     if store.follow:
         keep(directory.reopen(store, identity=identity, follow=False, opener=opener))
     return applied

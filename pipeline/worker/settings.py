@@ -66,6 +66,10 @@ class WorkerSettings:
     max_clock_skew: float = 3600.0
     store_lock_wait: float = 30.0  # seconds to wait for a previous owner's RocksDB lock
     open_timeout: float = 120.0  # seconds a partition may keep failing to open before the worker exits
+    # how long the broker lets the worker's transaction stay open before it aborts it and fences the
+    # producer: a new owner waits at most this long for a stalled worker's open transaction (as Kafka
+    # Streams' exactly_once_v2, whose default this is)
+    transaction_timeout: float = 10.0
     stuck_after: float = (
         60.0  # seconds without progress after which /healthz and /readyz report a partition stuck
     )
@@ -130,6 +134,13 @@ class WorkerSettings:
             )
         if not 1 <= self.max_clock_skew <= 30 * 86_400:
             problems.append(f"max clock skew must be in [1, 2592000] seconds, got {self.max_clock_skew}")
+        if not 1 <= self.transaction_timeout <= 900:
+            problems.append(f"transaction timeout must be in [1, 900] seconds, got {self.transaction_timeout}")
+        if self.transaction_timeout <= self.commit_interval:
+            problems.append(
+                f"transaction timeout ({self.transaction_timeout:g}s) must be longer than the commit interval"
+                f" ({self.commit_interval:g}s)"
+            )
         for name in ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every"):
             value = getattr(self, name)
             if not 0 < value <= 86_400:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from pipeline.errors import PipelineError
-from pipeline.state.transaction import PartitionTransaction
+from pipeline.state.partition_transaction import PartitionTransaction
 
 
 class Poison(NamedTuple):

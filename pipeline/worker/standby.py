@@ -4,7 +4,7 @@ A standby opens the partition's store where a served partition would (same
 path, same identity checks: a store of another changelog is rebuilt, one under
 another name is refused and left alone), to follow its changelog, and replays
 the changelog read_committed into it in rounds
-(:func:`pipeline.state.restore.catch_up`), each to the end the changelog has when
+(:meth:`pipeline.state.restore.Restorer.catch_up`), each to the end the changelog has when
 the round starts, then waits :data:`POLL_S` when it had nothing to do. It
 writes through the same code as a restore, and nothing else: it never emits,
 never commits offsets and never starts a producer (it has none).
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -34,9 +34,8 @@ from pipeline.errors import (
     StoreIdentityError,
     StoreStaleError,
 )
-from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state import directory
-from pipeline.state.restore import RestoreBudget, catch_up
+from pipeline.state.restore import Restorer
 from pipeline.state.store import PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import Lifecycle, StandbyState
@@ -61,8 +60,7 @@ class Standby:
         identity: StoreIdentity,
         path: Path,
         bucket_ms: int,
-        reader: Callable[[], Awaitable[ChangelogReader]],
-        budget: RestoreBudget | None = None,
+        restorer: Restorer,
         opener: directory.StoreOpener = PartitionStore.open,
         on_applied: Callable[[int], None] | None = None,
     ) -> None:
@@ -72,8 +70,7 @@ class Standby:
         self.identity = identity
         self.path = path
         self.bucket_ms = bucket_ms
-        self._reader = reader  # the worker's shared changelog reader, started on first use
-        self._budget = budget
+        self._restorer = restorer  # the worker's restore service: its reader and budget
         self._opener = opener
         self._on_applied = on_applied  # told how many records each round replayed (a metric)
         self.lifecycle = Lifecycle.standby(self.name)
@@ -168,9 +165,7 @@ class Standby:
         store = self._open()
         self.replaying = True
         try:
-            applied, self.end = await catch_up(
-                store, self.changelog, reader=await self._reader(), budget=self._budget
-            )
+            applied, self.end = await self._restorer.catch_up(store, self.changelog)
         except StoreStaleError as exc:  # ahead of its changelog: a cache of another log
             self._rebuild(str(exc))
             return

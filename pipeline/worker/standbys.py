@@ -12,13 +12,12 @@
   partition then opens the same store, fences the previous owner and replays
   only what the standby had not (a *promotion*); standbys no longer given are
   closed, new ones start;
-- all standbys share one changelog reader (one consumer's connections) and the
-  worker's restore budget, behind any restore.
+- all standbys read through the worker's one restore service
+  (:class:`~pipeline.state.restore.Restorer`: one reader, one budget), behind any restore.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -26,8 +25,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 from aiokafka import TopicPartition
 
-from pipeline.kafka.changelog import ChangelogReader
-from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from pipeline.state import directory
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.assignor import Held, StandbyAssignor
@@ -61,8 +58,6 @@ class StandbyReplicas:
         self.assignor = StandbyAssignor(
             replicas=self.settings.standby_replicas, held=self.claim, unplanned=unplanned
         )
-        self._reader: ChangelogReader | None = None
-        self._reader_lock = asyncio.Lock()
         self._observed: set[TopicPartition] = set()  # standbys whose gauges are set
         self._observed_at = 0.0
 
@@ -135,31 +130,12 @@ class StandbyReplicas:
                 self.settings.state_dir, self.context.topology, self.settings.group, tp
             ),
             bucket_ms=directory.topology_bucket_ms(self.context.topology),
-            reader=self.reader,
-            budget=self.context.budget,
+            restorer=self.context.require_restorer(),
             opener=self.context.open_store,
             on_applied=self.context.metrics.standby_records.inc,
         )
         standby.start()
         return standby
-
-    async def reader(self) -> ChangelogReader:
-        """The changelog reader the standbys share, started on first use (aiokafka's ``KafkaError``
-        when the broker cannot be reached: the standby tries again later)."""
-        async with self._reader_lock:
-            if self._reader is None:
-                reader = ChangelogReader(
-                    self.settings.bootstrap,
-                    fetch_bytes=self.settings.restore_fetch_bytes,
-                    client_id=STANDBY_CLIENT_ID,
-                )
-                try:
-                    await reader.start()
-                except BaseException:
-                    await reader.stop()
-                    raise
-                self._reader = reader
-            return self._reader
 
     def describe(self) -> dict[str, dict[str, object]]:
         """Each standby (``<topic>-<partition>``): its state, position and lag, for ``/healthz`` and ``/partitions``."""
@@ -188,10 +164,7 @@ class StandbyReplicas:
         self._observed = set(self.held)
 
     async def close(self) -> None:
-        """Close every standby and the shared reader."""
+        """Close every standby."""
         held, self.held = self.held, {}
         for tp, standby in held.items():
             self.known[tp] = await standby.close()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await reader.stop()

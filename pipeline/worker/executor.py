@@ -1,0 +1,242 @@
+"""Running the tasks into the worker's one transaction, committing it, and what each failure aborts.
+
+:class:`TaskExecutor` has the serving tasks handle their queued records into the worker's
+:class:`~pipeline.state.transaction.Transaction` (:meth:`~TaskExecutor.process`), says when
+it is due (:meth:`~TaskExecutor.due`) and commits it (:meth:`~TaskExecutor.commit`). It
+touches no consumer: what a failure needs done there comes back as an :class:`Outcome`,
+which the task table applies.
+
+What each failure aborts, now that a transaction spans partitions:
+
+- handling a record raises: the whole transaction is aborted; every task in it goes back to
+  its first record in it, and the record that raised goes to the DLQ alone on the redo (the
+  other tasks redo their records once);
+- a store fails while records are handled: the same, and that task is reopened;
+- the broker refuses the transaction for what a record is (size, timestamp, a corrupt
+  record): aborted and redone; when the transaction held several partitions, transactions
+  then hold one partition each (the *suspects*, in turn) until each has committed alone, so
+  that the one whose record the broker refuses is found, and bisected as before
+  (:mod:`pipeline.worker.poison`), the others going on between its attempts;
+- any other refusal (broker down, timeouts): aborted and redone as it was;
+- the group refuses the offsets (this worker's generation is over): aborted; the worker
+  rejoins its group;
+- the producer is fenced (the broker aborted a transaction that outlived its timeout, or
+  another process took the transactional id), or cannot continue: aborted; a new producer,
+  and after a fence the worker rejoins.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from pipeline.errors import (
+    GroupFencedError,
+    PartitionUnservedError,
+    PipelineError,
+    ProducerFencedError,
+    ProducerUnusableError,
+    StoreError,
+)
+from pipeline.state.transaction import Transaction, TransactionFailedError
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.poison import RECORD_ERRORS
+from pipeline.worker.settings import WorkerSettings
+from pipeline.worker.stage import HandlerFailedError
+from pipeline.worker.task import ActiveTask
+
+log = logging.getLogger(__name__)
+
+Tasks = Mapping[TopicPartition, ActiveTask]
+
+
+@dataclass
+class Outcome:
+    """What the table and the worker must do after the executor ran."""
+
+    rewind: dict[TopicPartition, int] = field(default_factory=dict)  # tasks to fetch again from an offset
+    replace_producer: bool = False  # the producer is fenced or cannot continue
+    rejoin: bool = False  # the group has moved on from this worker's generation (or its producer was fenced)
+    fatal: PipelineError | None = None  # the worker cannot go on (a record not even the DLQ takes)
+
+
+class TaskExecutor:
+    """The tasks' records into the worker's transaction, and its commit (see the module docstring)."""
+
+    def __init__(self, txn: Transaction, settings: WorkerSettings, metrics: WorkerMetrics) -> None:
+        self.txn = txn
+        self.settings = settings
+        self.metrics = metrics
+        self.suspects: list[TopicPartition] = []  # after a refusal of several partitions: one a transaction
+
+    def eligible(self, tasks: Tasks) -> list[ActiveTask]:
+        """The tasks whose records go into the transaction now: a bisecting task alone, else the next
+        suspect alone, else every serving task."""
+        serving = [tasks[tp] for tp in sorted(tasks, key=_order) if tasks[tp].serving]
+        for task in serving:
+            if task.poison.limit is not None:
+                return [task]
+        self.suspects = [tp for tp in self.suspects if tp in tasks and tasks[tp].serving]
+        if self.suspects:
+            return [tasks[self.suspects[0]]]
+        return serving
+
+    async def process(self, tasks: Tasks) -> Outcome:
+        """Handle the eligible tasks' queued records; abort everything on the first failure."""
+        for task in self.eligible(tasks):
+            try:
+                await task.work()
+            except HandlerFailedError as exc:
+                outcome = await self._abort(task)
+                if not task.poison.handler_failed(exc.offset, exc.reason, exc.error):  # not even to the DLQ
+                    outcome.fatal = PartitionUnservedError(
+                        f"partition {task.name}: offset {exc.offset} cannot even go to the DLQ: {exc.error}"
+                    )
+                log.warning(
+                    "%s: offset %s failed (%s); the transaction is aborted, the record goes to the DLQ alone",
+                    task.name,
+                    exc.offset,
+                    exc.error,
+                )
+                return outcome
+            except StoreError as exc:
+                outcome = await self._abort(task)
+                task.broken(exc)
+                return outcome
+            except (KafkaError, TransactionFailedError) as exc:
+                log.warning("%s: handling failed (%r); aborting and redoing", task.name, exc)
+                return await self._abort(task)
+            except ProducerFencedError as exc:
+                log.warning("%s", exc)
+                outcome = await self._abort(task)
+                outcome.replace_producer = outcome.rejoin = True
+                return outcome
+            except ProducerUnusableError as exc:
+                log.warning("%s", exc)
+                outcome = await self._abort(task)
+                outcome.replace_producer = True
+                return outcome
+        return Outcome()
+
+    def due(self, tasks: Tasks) -> bool:
+        """Whether the open transaction should commit now: a bisecting task at its limit; every task in it
+        caught up (policy ``caught-up``); or it is old or big enough."""
+        txn = self.txn
+        if not txn.open:
+            return False
+        members = [tasks[tp] for tp in txn.parts if tp in tasks]
+        if any(task.at_limit for task in members):
+            return True
+        if self.settings.commit_policy == "caught-up" and all(t.caught_up and not t.queue for t in members):
+            return True
+        return txn.due(interval=self.settings.commit_interval, max_records=self.settings.max_batch)
+
+    async def commit(self, tasks: Tasks) -> Outcome:
+        """Commit the open transaction; on a failure, the tasks in it go back to their first record."""
+        txn = self.txn
+        outcome = Outcome()
+        if not txn.open:
+            return outcome
+        held = {tp: (p.first_offset, p.records, p.next_offset) for tp, p in txn.parts.items()}
+        starts = {tp: first for tp, (first, _, _) in held.items() if first is not None}
+        began = time.perf_counter()
+        try:
+            committed = await txn.commit()
+        except TransactionFailedError as exc:
+            outcome.rewind = starts
+            outcome.fatal = self._refused(exc, held, tasks)
+            outcome.replace_producer = txn.producer.needs_replacing
+            return outcome
+        except GroupFencedError as exc:
+            log.warning("%s; aborted, rejoining the group", exc)
+            outcome.rewind, outcome.rejoin = starts, True
+            return outcome
+        except ProducerFencedError as exc:
+            log.warning("%s; aborted, starting a new producer and rejoining the group", exc)
+            outcome.rewind, outcome.replace_producer, outcome.rejoin = starts, True, True
+            return outcome
+        except ProducerUnusableError as exc:
+            log.warning("%s; aborted, starting a new producer", exc)
+            outcome.rewind, outcome.replace_producer = starts, True
+            return outcome
+        self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        for tp, result in committed.parts.items():
+            task = tasks.get(tp)
+            if task is not None:
+                task.committed(result, held[tp][2])
+        self.suspects = [tp for tp in self.suspects if tp not in committed.parts]
+        return outcome
+
+    def _refused(
+        self, exc: TransactionFailedError, held: dict[TopicPartition, tuple[int | None, int, int | None]], tasks: Tasks
+    ) -> PipelineError | None:
+        """After a refused commit: isolate the partitions of a refusal a record caused, bisect a lone one."""
+        cause = exc.__cause__ or exc
+        log.warning(
+            "transaction of %s refused: %s; redoing from %s",
+            _names(held),
+            exc,
+            ", ".join(f"{tp.topic}-{tp.partition}@{first}" for tp, (first, _, _) in sorted(held.items(), key=_item)),
+        )
+        if not isinstance(cause, RECORD_ERRORS):
+            return None
+        for tp in held:
+            task = tasks.get(tp)
+            if task is not None:
+                task.tally.clear()
+        if len(held) > 1:
+            self.suspects = sorted(held, key=_order)
+            log.warning("transactions hold one partition each until %s commit alone", _names(held))
+            return None
+        (tp, (first, count, _)), = held.items()
+        task = tasks.get(tp)
+        if task is None or first is None:
+            return None
+        verdict = task.poison.commit_failed(first, count, cause)
+        return None if verdict is None else PartitionUnservedError(f"partition {task.name}: {verdict}")
+
+    async def _abort(self, failed: ActiveTask) -> Outcome:
+        """Abort the transaction: every task in it, and ``failed``, goes back to its first record in it."""
+        outcome = Outcome()
+        starts = {tp: p.first_offset for tp, p in self.txn.parts.items() if p.first_offset is not None}
+        part = failed.part
+        if part is not None and part.first_offset is not None:
+            starts.setdefault(failed.tp, part.first_offset)
+            part.reset()
+        try:
+            await self.txn.abort()
+        except ProducerFencedError as exc:
+            log.warning("%s", exc)
+            outcome.replace_producer = outcome.rejoin = True
+        except ProducerUnusableError as exc:
+            log.warning("%s", exc)
+            outcome.replace_producer = True
+        outcome.rewind = starts
+        return outcome
+
+    async def abort(self) -> Outcome:
+        """Abort the open transaction (the worker stops after a failure): its tasks go back."""
+        outcome = Outcome()
+        outcome.rewind = {tp: p.first_offset for tp, p in self.txn.parts.items() if p.first_offset is not None}
+        try:
+            await self.txn.abort()
+        except (ProducerFencedError, ProducerUnusableError, KafkaError) as exc:
+            log.info("nothing more to abort (%s)", exc)
+        return outcome
+
+
+def _order(tp: TopicPartition) -> tuple[str, int]:
+    return (tp.topic, tp.partition)
+
+
+def _item(item: tuple[TopicPartition, object]) -> tuple[str, int]:
+    return _order(item[0])
+
+
+def _names(held: Mapping[TopicPartition, object]) -> str:
+    return ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(held, key=_order))
