@@ -40,6 +40,11 @@ def store_path(state_dir: Path, topology: Topology, group: str, tp: TopicPartiti
     return Path(state_dir) / topology.app / group / f"{tp.topic}-{tp.partition}"
 
 
+def holds_store(path: Path) -> bool:
+    """Whether a store lies at ``path`` (a wiped one is gone until it is opened again)."""
+    return (path / "CURRENT").is_file()
+
+
 def topology_bucket_ms(topology: Topology) -> int:
     """The bucket width of every store of ``topology``."""
     return bucket_width(int(topology.max_ttl.total_seconds() * 1000))
@@ -75,16 +80,26 @@ def reopen(
     return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
 
 
-def release(store: PartitionStore, *, wipe: bool, name: str) -> None:
+def release(store: PartitionStore, *, wipe: bool, name: str) -> int | None:
     """Close ``store``, and wipe it if ``wipe`` (an entry could not be read: the next owner restores it);
-    a store that fails to close is logged, not raised (its owner is letting it go)."""
+    a store that fails to close is logged, not raised (its owner is letting it go).
+
+    Returns the changelog offset the store left on disk holds, for its worker to claim: -1 (nothing)
+    when it was wiped or meant to be, None when that is not known (it failed to close)."""
+    offset = store.changelog_offset
     try:
         store.close()
-        if wipe:
-            log.warning("%s: wiping store %s (an entry could not be read)", name, store.path)
-            PartitionStore.wipe(store.path)
     except StoreError as exc:
         log.warning("%s: %s", name, exc)
+        return -1 if wipe else None
+    if not wipe:
+        return offset
+    log.warning("%s: wiping store %s (an entry could not be read)", name, store.path)
+    try:
+        PartitionStore.wipe(store.path)
+    except StoreError as exc:
+        log.warning("%s: %s", name, exc)
+    return -1
 
 
 def rebuild(
@@ -161,7 +176,7 @@ def stored_positions(
     bucket_ms = topology_bucket_ms(topology)
     for child in sorted(root.iterdir()):
         topic, _, number = child.name.rpartition("-")
-        if topic not in identities or not number.isdigit() or not (child / "CURRENT").is_file():
+        if topic not in identities or not number.isdigit() or not holds_store(child):
             continue
         identity = identities[topic]._replace(partition=int(number))
         try:

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from aiokafka import TopicPartition
 
@@ -85,10 +86,16 @@ class StandbyReplicas:
             )
 
     def claim(self) -> Held:
-        """What this worker holds, for the assignor's metadata."""
-        positions = dict(self.known)
+        """What this worker holds, for the assignor's metadata: the position each store on its disk holds now.
+
+        A standby's position is its store's as it is now, lowered when the store was wiped or rebuilt;
+        before the standby first opens its store, what the store held when it was last closed (-1 when
+        nothing was). A closed store is claimed only while it is still on disk.
+        """
+        positions = {tp: offset for tp, offset in self.known.items() if directory.holds_store(self._path(tp))}
         for tp, standby in self.held.items():
-            positions[tp] = max(standby.position, positions.get(tp, -1))
+            stored = standby.stored
+            positions[tp] = stored if stored is not None else positions.get(tp, -1)
         positions.update(self._served_positions())
         return Held(positions, self.served)
 
@@ -97,9 +104,16 @@ class StandbyReplicas:
         return self.context.identity(tp, TopicPartition(self._changelogs[tp.topic], tp.partition))
 
     def remember(self, tp: TopicPartition, position: int | None) -> None:
-        """A served partition closed with its store at ``position``."""
-        if position is not None:
+        """A store of ``tp`` (served, or a standby's) was closed, leaving ``position`` on disk (-1: it was
+        wiped; None: not known, so the position remembered before stands). A store no longer on disk is
+        forgotten: a wiped store never claims what it held."""
+        if not directory.holds_store(self._path(tp)):
+            self.known.pop(tp, None)
+        elif position is not None:
             self.known[tp] = position
+
+    def _path(self, tp: TopicPartition) -> Path:
+        return directory.store_path(self.settings.state_dir, self.context.topology, self.settings.group, tp)
 
     async def assigned(self, assigned: Iterable[TopicPartition]) -> None:
         """Apply a new assignment: promote (close) standbys of partitions now served here, drop the
@@ -110,16 +124,16 @@ class StandbyReplicas:
         for tp in sorted(set(self.held) & active):
             standby = self.held.pop(tp)
             lag = standby.lag_records
-            position = self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())
             log.info(
                 "%s: promoted from standby at changelog offset %s (%s records behind at its last round)",
                 standby.name,
-                position,
+                standby.position,
                 "?" if lag is None else lag,
             )
         for tp in sorted(set(self.held) - wanted):
             standby = self.held.pop(tp)
-            self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())
             log.info("standby %s: no longer held here", standby.name)
         for tp in sorted(wanted - set(self.held)):
             self.held[tp] = self._start(tp)
@@ -131,9 +145,7 @@ class StandbyReplicas:
             tp,
             changelog=TopicPartition(self._changelogs[tp.topic], tp.partition),
             identity=self.identity(tp),
-            path=directory.store_path(
-                self.settings.state_dir, self.context.topology, self.settings.group, tp
-            ),
+            path=self._path(tp),
             bucket_ms=directory.topology_bucket_ms(self.context.topology),
             reader=self.reader,
             budget=self.context.budget,
@@ -191,7 +203,7 @@ class StandbyReplicas:
         """Close every standby and the shared reader."""
         held, self.held = self.held, {}
         for tp, standby in held.items():
-            self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())
         reader, self._reader = self._reader, None
         if reader is not None:
             await reader.stop()

@@ -93,6 +93,19 @@ def test_rebuild_empties_the_store_it_is_given(tmp_path: Path) -> None:
         fresh.close()
 
 
+def test_a_released_store_says_what_it_left_on_disk(tmp_path: Path) -> None:
+    """Released, a store reports the offset it keeps on disk; released with a wipe, -1 (nothing), and it is gone."""
+    kept, wiped = tmp_path / "kept", tmp_path / "wiped"
+    for path in (kept, wiped):
+        _claimed_store(path, OURS)
+    store = directory.open_store(kept, bucket_ms=HOUR, identity=OURS)
+    assert directory.release(store, wipe=False, name="p0") == 7
+    assert directory.holds_store(kept)
+    store = directory.open_store(wiped, bucket_ms=HOUR, identity=OURS)
+    assert directory.release(store, wipe=True, name="p1") == -1
+    assert not directory.holds_store(wiped)
+
+
 async def test_restores_share_a_budget_in_bytes() -> None:
     """With a 64-byte budget and 32-byte fetches, two restores run at once and the third waits for one to end."""
     budget = RestoreBudget(64)
