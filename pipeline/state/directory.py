@@ -74,10 +74,13 @@ def reopen(
     store: PartitionStore, *, identity: StoreIdentity, follow: bool, opener: StoreOpener = PartitionStore.open
 ) -> PartitionStore:
     """Close ``store`` and open it again, to follow its changelog or to be served (``follow``); the
-    identity is checked again. A failure leaves ``store`` closed and raises :class:`StoreError`."""
-    path, bucket_ms = store.path, store.bucket_ms
+    identity is checked again, and a position checked against the changelog stays checked. A failure
+    leaves ``store`` closed and raises :class:`StoreError`."""
+    path, bucket_ms, offset, checked = store.path, store.bucket_ms, store.changelog_offset, store.checked
     store.close()
-    return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
+    again = open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
+    again.checked = again.checked or (checked and again.changelog_offset == offset)  # the same position
+    return again
 
 
 def release(store: PartitionStore, *, wipe: bool, name: str) -> int | None:
@@ -85,8 +88,9 @@ def release(store: PartitionStore, *, wipe: bool, name: str) -> int | None:
     a store that fails to close is logged, not raised (its owner is letting it go).
 
     Returns the changelog offset the store left on disk holds, for its worker to claim: -1 (nothing)
-    when it was wiped or meant to be, None when that is not known (it failed to close)."""
-    offset = store.changelog_offset
+    when it was wiped or meant to be, None when that is not known: it failed to close, or its position
+    was never checked against its changelog's end (it may lie beyond it: released before its restore)."""
+    offset = store.changelog_offset if store.checked else None
     try:
         store.close()
     except StoreError as exc:

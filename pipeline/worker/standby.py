@@ -79,7 +79,7 @@ class Standby:
         self.lifecycle = Lifecycle.standby(self.name)
         self.store: PartitionStore | None = None
         self.position = -1  # the changelog offset the store reflects
-        self.stored: int | None = None  # the offset its store on disk holds (None: not yet opened)
+        self.stored: int | None = None  # the checked offset its store on disk holds (None: not known yet)
         self.end: int | None = None  # the changelog's end (last stable offset) at the last round
         self.started_at = time.monotonic()
         self.level_at: float | None = None  # when the store was last level with its changelog
@@ -122,7 +122,8 @@ class Standby:
 
     async def close(self) -> int | None:
         """Stop following and close the store (its lock released); returns the changelog offset the store
-        left on disk holds (-1: nothing; None: never opened, so whatever was there before stands)."""
+        left on disk holds, once checked against the changelog's end (-1: nothing; None: not known, so what
+        was known of it before stands)."""
         task, self._task = self._task, None
         if task is not None:
             if self.replaying:
@@ -178,7 +179,7 @@ class Standby:
             return
         finally:
             self.replaying = False
-        self.position = self.stored = store.changelog_offset
+        self._note(store)  # checked by the round
         self.applied += applied
         if applied and self._on_applied is not None:
             self._on_applied(applied)
@@ -199,7 +200,8 @@ class Standby:
             if not directory.holds_store(self.path):  # wiped (it could not be read), and not made again
                 self.position = self.stored = -1
             raise
-        self.position = self.stored = self.store.changelog_offset
+        # what it holds is taken now only when it is empty (new, or made again after a wipe): a round checks others
+        self._note(self.store)
         if self.state is State.OPENING:
             self.lifecycle.move(State.FOLLOWING)
         log.info("standby %s: following %s from offset %s", self.name, self.changelog, self.position + 1)
@@ -212,13 +214,19 @@ class Standby:
         self.store = None
         self.position = self.stored = -1  # wiped first: what it held is gone even if the reopen fails
         self.store = directory.rebuild(store, identity=self.identity, why=why, opener=self._opener)
-        self.position = self.stored = self.store.changelog_offset
+        self._note(self.store)
+
+    def _note(self, store: PartitionStore) -> None:
+        """Take the store's position, and, once it is checked against the changelog's end, what it holds."""
+        self.position = store.changelog_offset
+        if store.checked:
+            self.stored = self.position
 
     def _close_store(self) -> None:
         store, self.store = self.store, None
         if store is None:
             return
-        self.position = self.stored = store.changelog_offset
+        self._note(store)
         try:
             store.close()
         except StoreError as exc:

@@ -5,8 +5,12 @@
 :class:`~pipeline.worker.standby.Standby` copies the group's leader gave this worker:
 
 - at start, the stores already on this worker's disk are read once for their
-  changelog positions (:func:`pipeline.state.directory.stored_positions`), so a
-  restarted worker claims what it still holds;
+  changelog positions (:func:`pipeline.state.directory.stored_positions`) and
+  checked against their changelogs' ends, so a restarted worker claims what it
+  still holds, and never a store beyond its changelog's end;
+- the position claimed for a partition is what its store on disk holds now, once
+  checked against the changelog's end (:meth:`StandbyReplicas.claim`): lowered
+  when the store is wiped or rebuilt, dropped when it is no longer on disk;
 - on each assignment (:meth:`StandbyReplicas.assigned`, before any partition
   opens) a standby of a partition now served here is closed first: the
   partition then opens the same store, fences the previous owner and replays
@@ -26,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.kafka.clients import STANDBY_CLIENT_ID
@@ -67,30 +72,67 @@ class StandbyReplicas:
         self._observed: set[TopicPartition] = set()  # standbys whose gauges are set
         self._observed_at = 0.0
 
-    def scan(self) -> None:
-        """Learn the positions of the stores already on disk (once, at start: each is opened and closed)."""
+    async def scan(self) -> None:
+        """Learn the positions of the stores already on disk (once, at start: each is opened and closed), and
+        check each against its changelog's end: a store beyond it caches another log and claims nothing
+        (it is rebuilt when opened); when the ends cannot be read, none claims anything until opened."""
         topology = self.context.topology
-        self.known.update(
-            directory.stored_positions(
-                self.settings.state_dir,
-                topology,
-                self.settings.group,
-                {topic: self.identity(TopicPartition(topic, 0)) for topic in self._changelogs},
-                opener=self.context.open_store,
-            )
+        found = directory.stored_positions(
+            self.settings.state_dir,
+            topology,
+            self.settings.group,
+            {topic: self.identity(TopicPartition(topic, 0)) for topic in self._changelogs},
+            opener=self.context.open_store,
         )
+        if not found:
+            return
+        changelogs = {tp: TopicPartition(self._changelogs[tp.topic], tp.partition) for tp in found}
+        try:
+            ends = await self._ends(changelogs.values())
+        except KafkaError as exc:
+            log.warning(
+                "stores on disk claim nothing until opened: their changelogs' ends cannot be read: %r", exc
+            )
+            return
+        for tp, offset in sorted(found.items()):
+            end = ends.get(changelogs[tp])
+            if end is not None and offset < end:
+                self.known[tp] = offset
+            else:
+                log.warning(
+                    "store %s-%s is at changelog offset %s, beyond the end of %s-%s (%s): it caches another "
+                    "log, claims nothing and is rebuilt when opened",
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    changelogs[tp].topic,
+                    tp.partition,
+                    end,
+                )
         if self.known:
             log.info(
                 "stores on disk: %s",
                 ", ".join(f"{tp.topic}-{tp.partition} at {o}" for tp, o in sorted(self.known.items())),
             )
 
+    async def _ends(self, changelogs: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The changelogs' ends (last stable offsets), read once through a reader of their own."""
+        reader = ChangelogReader(self.settings.bootstrap, fetch_bytes=self.settings.restore_fetch_bytes)
+        try:
+            await reader.start()
+            return await reader.ends(changelogs)
+        finally:
+            await reader.stop()
+
     def claim(self) -> Held:
         """What this worker holds, for the assignor's metadata: the position each store on its disk holds now.
 
         A standby's position is its store's as it is now, lowered when the store was wiped or rebuilt;
-        before the standby first opens its store, what the store held when it was last closed (-1 when
-        nothing was). A closed store is claimed only while it is still on disk.
+        until a round has checked the store against its changelog's end, what was known of it before (-1
+        when nothing was). A closed store is claimed only while it is still on disk, and only once checked
+        against the changelog's end, so a store ahead of it (a cache of another log, rebuilt when opened)
+        never outranks a sticky owner's copy. The stores of partitions served here report their live
+        position (``served_positions``); a rebalance closes them all before the worker rejoins.
         """
         positions = {tp: offset for tp, offset in self.known.items() if directory.holds_store(self._path(tp))}
         for tp, standby in self.held.items():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiokafka import TopicPartition
@@ -17,10 +18,21 @@ from pipeline.worker import standby as standby_module
 from pipeline.worker import standbys as standbys_module
 from pipeline.worker.assignment import CAUGHT_UP, Claim, plan
 from pipeline.worker.assignor import Held, decode_claim, encode_claim
+from pipeline.worker.loop import Worker
 from pipeline.worker.partition import Partition
 from pipeline.worker.standbys import StandbyReplicas
 
-from .fakes import INPUT, TOPICS, ProducerFactory, install, keys_for, make_partition, record
+from .fakes import (
+    INPUT,
+    TOPICS,
+    TOPOLOGY,
+    ProducerFactory,
+    install,
+    keys_for,
+    make_partition,
+    record,
+    settings,
+)
 
 TP = TopicPartition(INPUT, 0)
 SUB = frozenset({INPUT})
@@ -28,7 +40,9 @@ FAR = 3 * CAUGHT_UP  # further apart than the leader forgives
 
 
 class FakeReader:
-    """The standbys' shared changelog reader: nothing to connect to."""
+    """A changelog reader with nothing to connect to; the changelogs' ends are :attr:`ENDS`."""
+
+    ENDS: ClassVar[dict[TopicPartition, int]] = {}
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         self.started = False
@@ -38,6 +52,10 @@ class FakeReader:
 
     async def stop(self) -> None:
         self.started = False
+
+    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        assert self.started
+        return {tp: self.ENDS[tp] for tp in tps}
 
 
 @pytest.fixture
@@ -138,3 +156,64 @@ async def test_a_served_store_wiped_on_release_is_no_longer_claimed(part: Partit
     standby = Claim(SUB, {TP: FAR})
     plans = plan([TP], {"wiped": _wire(claim), "standby": standby}, replicas=1)
     assert plans["standby"].active == [TP]
+
+
+async def test_a_store_on_disk_ahead_of_its_changelog_claims_nothing_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker starts with two stores on disk: the one whose position is beyond its changelog's end (another log's
+    cache) is not claimed, the other is; so the leader leaves the first partition with its sticky owner."""
+    install(monkeypatch, producers=ProducerFactory())
+    monkeypatch.setattr(standbys_module, "ChangelogReader", FakeReader)
+    ahead, behind = TP, TopicPartition(INPUT, 1)
+    state_dir = tmp_path / "w"
+    placed = StandbyReplicas(make_partition(state_dir).context, {TOPICS.input: TOPICS.changelog}, dict)
+    changelog = TOPICS.changelog
+    # the ids the fake topic layout gives the worker (install): its stores carry them
+    placed.context = replace(placed.context, cluster="fake-cluster", topic_ids={changelog: f"id-{changelog}"})
+    _store_at(placed, ahead, 5 * FAR)
+    _store_at(placed, behind, 500)
+    monkeypatch.setattr(
+        FakeReader, "ENDS", {TopicPartition(changelog, 0): FAR + 1, TopicPartition(changelog, 1): 600}
+    )
+    worker = Worker(settings(state_dir, standby_replicas=1), TOPOLOGY)
+    await worker.start()
+    try:
+        standbys = worker._standbys
+        assert standbys is not None
+        claim = standbys.claim()
+        assert claim.positions == {behind: 500}
+        owner = Claim(SUB, {ahead: FAR}, active=frozenset({ahead}))
+        plans = plan([ahead], {"restarted": _wire(claim), "owner": owner}, replicas=1)
+        assert plans["owner"].active == [ahead]
+    finally:
+        worker.stop()
+        await worker.run()
+
+
+async def test_a_standby_does_not_claim_its_store_before_checking_it_against_the_changelog(
+    part: Partition, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby opens a store whose position (5 * FAR) its changelog never reached; until a round has compared it
+    with the changelog's end, the worker claims nothing of it, and the sticky owner keeps the partition."""
+    replicas = _replicas(part)
+    _store_at(replicas, TP, 5 * FAR)
+    never = asyncio.Event()
+
+    async def catch_up(_store: PartitionStore, _changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        await never.wait()  # the end is not read yet
+        return 0, 0
+
+    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    replicas.assignor.standbys = frozenset({TP})
+    await replicas.assigned(set())
+    try:
+        await _until(lambda: replicas.held[TP].store is not None, "the standby never opened its store")
+        claim = replicas.claim()
+        assert claim.positions[TP] == -1
+        owner = Claim(SUB, {TP: FAR}, active=frozenset({TP}))
+        assert plan([TP], {"standby": _wire(claim), "owner": owner}, replicas=1)["owner"].active == [TP]
+    finally:
+        await replicas.close()
+    replicas.assignor.standbys = frozenset()
+    assert replicas.claim().positions.get(TP, -1) == -1  # closed unchecked: still nothing claimed
