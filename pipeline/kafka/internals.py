@@ -23,17 +23,15 @@ ruff's private-member rule keeps it that way.
 - :func:`fetch_raw`: one raw fetch of a partition through a consumer's connections,
   the records left undecoded (the restore's fast path).
 - :func:`batch_builder`: a record batch capped at a topic's own size limit.
-- :func:`admin_request` and :class:`MetadataRequest`: requests aiokafka's admin client
-  has no call for, among them Metadata v12 for the cluster id and the topic ids, which
-  aiokafka's own request (v5 at most) does not carry.
+- :func:`admin_request` and :func:`cluster_ids`: requests aiokafka's admin client has no
+  call for, among them Metadata v12 (:mod:`pipeline.kafka.requests`) for the cluster id and
+  the topic ids, which aiokafka's own request (v5 at most) does not carry.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -41,20 +39,11 @@ from aiokafka.errors import IllegalOperation, KafkaError, NotLeaderForPartitionE
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionState
-from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.group import HeartbeatRequest
-from aiokafka.protocol.types import (
-    AbstractType,
-    Boolean,
-    CompactArray,
-    CompactString,
-    Int16,
-    Int32,
-    Schema,
-    TaggedFields,
-)
 from aiokafka.record.memory_records import MemoryRecords
+
+from pipeline.kafka.requests import MetadataRequest
 
 READ_COMMITTED = 1
 #: What a transactional producer's calls raise once its sender has died: the transaction manager's state
@@ -216,96 +205,6 @@ async def force_metadata_update(consumer: AIOKafkaConsumer) -> None:
 
 
 # -- Metadata v12: the cluster id and topic ids -----------------------------------------------------
-
-
-class _Uuid(AbstractType[uuid.UUID]):  # type: ignore[misc]  # aiokafka is untyped
-    """Kafka's UUID type: 16 bytes."""
-
-    @classmethod
-    def encode(cls, value: uuid.UUID) -> bytes:
-        return value.bytes
-
-    @classmethod
-    def decode(cls, data: BytesIO) -> uuid.UUID:
-        raw = data.read(16)
-        if len(raw) != 16:
-            raise ValueError("Buffer underrun decoding a UUID")
-        return uuid.UUID(bytes=raw)
-
-
-_NAME = CompactString("utf-8")
-
-
-class MetadataResponseV12(Response):  # type: ignore[misc]  # aiokafka is untyped
-    API_KEY = 3
-    API_VERSION = 12
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        (
-            "brokers",
-            CompactArray(
-                ("node_id", Int32),
-                ("host", _NAME),
-                ("port", Int32),
-                ("rack", _NAME),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("cluster_id", _NAME),
-        ("controller_id", Int32),
-        (
-            "topics",
-            CompactArray(
-                ("error_code", Int16),
-                ("name", _NAME),
-                ("topic_id", _Uuid),
-                ("is_internal", Boolean),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("error_code", Int16),
-                        ("partition_index", Int32),
-                        ("leader_id", Int32),
-                        ("leader_epoch", Int32),
-                        ("replica_nodes", CompactArray(Int32)),
-                        ("isr_nodes", CompactArray(Int32)),
-                        ("offline_replicas", CompactArray(Int32)),
-                        ("tags", TaggedFields),
-                    ),
-                ),
-                ("topic_authorized_operations", Int32),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class MetadataRequestV12(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
-    FLEXIBLE_VERSION = True
-    API_KEY = 3
-    API_VERSION = 12
-    RESPONSE_TYPE = MetadataResponseV12
-    SCHEMA = Schema(
-        ("topics", CompactArray(("topic_id", _Uuid), ("name", _NAME), ("tags", TaggedFields))),
-        ("allow_auto_topic_creation", Boolean),
-        ("include_topic_authorized_operations", Boolean),
-        ("tags", TaggedFields),
-    )
-
-
-class MetadataRequest(Request[MetadataRequestV12]):  # type: ignore[misc]  # aiokafka is untyped
-    """Metadata of ``topics`` (v12): with the cluster id and each topic's id."""
-
-    API_KEY = 3
-
-    def __init__(self, topics: list[str]) -> None:
-        self._topics = topics
-
-    def build(self, request_struct_class: type[MetadataRequestV12]) -> MetadataRequestV12:
-        """The request as the v12 struct."""
-        zero = uuid.UUID(int=0)
-        return request_struct_class([(zero, name, {}) for name in self._topics], False, False, {})
 
 
 @dataclass(frozen=True, slots=True)
