@@ -181,3 +181,10 @@ class GroupGenerationFencedError(PipelineError):
 
     reason = "generation-fenced"
 
+
+class UnstableOffsetsError(PipelineError):
+    """A partition's committed offset stayed held by a pending transaction past the deadline: the
+    transaction that wrote it neither committed nor aborted in time (ask again later)."""
+
+    retriable = True
+    reason = "unstable-offsets"
