@@ -11,19 +11,25 @@ from io import BytesIO
 from random import Random
 from typing import Any
 
-from aiokafka import TopicPartition
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import ProducerFenced
 from aiokafka.protocol.commit import OffsetFetchRequest as AiokafkaOffsetFetch
 from aiokafka.protocol.transaction import TxnOffsetCommitRequest as AiokafkaTxnOffsetCommit
 
+from pipeline.errors import GroupGenerationFencedError
+from pipeline.kafka import internals
+from pipeline.kafka.fencing import fence_transactional_id
 from pipeline.kafka.requests import (
     GroupMetadata,
     OffsetFetchRequest,
     TxnOffsetCommitRequest,
     read_offset_fetch,
 )
+from pipeline.kafka.stable_offsets import committed_stable
 from tests.simulation import broker as b
 from tests.simulation import wire
-from tests.simulation.loop import SimLoop
+from tests.simulation.loop import SimLoop, virtual_time
 
 GROUP, TXN = "group", "worker-1"
 TP = TopicPartition("raw", 0)
@@ -215,3 +221,55 @@ def test_the_coordinator_aborts_a_transaction_that_outlived_its_timeout() -> Non
         assert any("timed out, aborted" in line for line in model.trace)
 
     Model().run(scenario)
+
+
+def test_the_pipelines_eos_v2_calls_work_through_aiokafkas_clients_on_the_model() -> None:
+    """What the worker will call, through aiokafka's real producer and consumer on the simulated network: offsets
+    with the group metadata commit, a stale generation's are refused and the transaction aborts, the stable read
+    gets the committed offset, and fencing a transactional id fences its producer."""
+    model = Model()
+    model.broker.create_topic(TP.topic, 1, b.TopicConfig())
+    network = wire.Network(model.broker, Random(3))
+    bootstrap = f"{wire.HOST}:{wire.PORT}"
+
+    async def scenario(model: Model) -> None:
+        consumer = AIOKafkaConsumer(
+            TP.topic, bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False
+        )
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=TXN)
+        old = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="app-group-raw-0")
+        await consumer.start()
+        await producer.start()
+        await old.start()
+        try:
+            while not consumer.assignment():
+                await consumer.getmany(timeout_ms=100)
+            current = internals.group_metadata(consumer)
+            async with producer.transaction():
+                await internals.send_offsets_with_group_metadata(producer, {TP: 2}, current)
+            assert await committed_stable(consumer, [TP]) == {TP: 2}
+
+            stale = GroupMetadata(GROUP, current.generation_id - 1, current.member_id, None)
+            await producer.begin_transaction()
+            with pytest.raises(GroupGenerationFencedError):
+                await internals.send_offsets_with_group_metadata(producer, {TP: 5}, stale)
+            await producer.abort_transaction()
+            assert await committed_stable(consumer, [TP]) == {TP: 2}
+
+            await old.begin_transaction()
+            await old.send_and_wait(TP.topic, b"held", partition=0)
+            await fence_transactional_id(producer, "app-group-raw-0")
+            with pytest.raises(ProducerFenced):
+                await old.commit_transaction()
+        finally:
+            await old.stop()
+            await producer.stop()
+            await consumer.stop()
+
+    asyncio.set_event_loop(model.loop)
+    try:
+        with virtual_time(model.loop), wire.installed(network):
+            model.run(scenario)
+    finally:
+        asyncio.set_event_loop(None)
+    assert not network.errors
