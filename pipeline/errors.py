@@ -169,16 +169,23 @@ class ProducerFencedError(PipelineError):
     reason = "fenced"
 
 
-class GroupFencedError(PipelineError):
-    """The group refused the transaction's offsets: it no longer counts this worker a member of the
-    generation they carry (a rebalance went on without it: a zombie). The transaction is aborted and
-    the worker rejoins its group."""
-
-    retriable = True
-    reason = "group-fenced"
-
-
 class ProducerUnusableError(PipelineError):
     """A transactional producer cannot continue: close it and start another (which aborts its transaction)."""
 
     reason = "producer-unusable"
+
+
+class GroupGenerationFencedError(PipelineError):
+    """The group coordinator refused a transaction's offsets: the consumer whose generation, member id
+    or group instance id they carry is no longer a member of the group's current generation (KIP-447:
+    a zombie). The transaction can only be aborted; the consumer must rejoin before it commits again."""
+
+    reason = "generation-fenced"
+
+
+class UnstableOffsetsError(PipelineError):
+    """A partition's committed offset stayed held by a pending transaction past the deadline: the
+    transaction that wrote it neither committed nor aborted in time (ask again later)."""
+
+    retriable = True
+    reason = "unstable-offsets"

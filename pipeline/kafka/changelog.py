@@ -6,6 +6,8 @@ and its offset lookups; the fetches go through :func:`pipeline.kafka.internals.f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.kafka import internals
@@ -37,7 +39,11 @@ class ChangelogReader:
 
     async def end(self, tp: TopicPartition) -> int:
         """The last stable offset: everything before it is committed or aborted."""
-        return int((await self._consumer.end_offsets([tp]))[tp])
+        return (await self.ends([tp]))[tp]
+
+    async def ends(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The last stable offset of each of ``tps``, in one request."""
+        return {tp: int(offset) for tp, offset in (await self._consumer.end_offsets(list(tps))).items()}
 
     async def log_end(self, tp: TopicPartition) -> int:
         """The high watermark: the end including records of transactions still open."""

@@ -26,39 +26,59 @@ ruff's private-member rule keeps it that way.
   consumer's connections, which aiokafka's ``end_offsets`` gives only as the last stable
   offset: a new owner restores until the transactions open there have ended.
 - :func:`batch_builder`: a record batch capped at a topic's own size limit.
-- :func:`admin_request` and :class:`MetadataRequest`: requests aiokafka's admin client
-  has no call for, among them Metadata v12 for the cluster id and the topic ids, which
-  aiokafka's own request (v5 at most) does not carry.
+- :func:`admin_request` and :func:`cluster_ids`: requests aiokafka's admin client has no
+  call for, among them Metadata v12 (:mod:`pipeline.kafka.requests`) for the cluster id and
+  the topic ids, which aiokafka's own request (v5 at most) does not carry.
+- :func:`group_metadata` and :func:`send_offsets_with_group_metadata` (eos-v2, KIP-447): a
+  transaction's offsets sent as TxnOffsetCommit v3 with the consumer's generation, member id
+  and group instance id, through one producer's own sender (aiokafka sends v0, which the
+  group coordinator cannot check); a refusal leaves the transaction abortable on the broker.
+- :func:`group_request` and :func:`group_coordinator_moved`: a request of our own to a
+  consumer's group coordinator (OffsetFetch v7 with ``require_stable``:
+  :mod:`pipeline.kafka.stable_offsets`).
+- :func:`kafka_client`: the ``AIOKafkaClient`` under a consumer or an admin client (fencing a
+  transactional id without a producer: :mod:`pipeline.kafka.fencing`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import IllegalOperation, KafkaError, NotLeaderForPartitionError, for_code
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.client import CoordinationType
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    GroupLoadInProgressError,
+    IllegalOperation,
+    InvalidProducerEpoch,
+    KafkaError,
+    NotLeaderForPartitionError,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionState
-from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.protocol.offset import OffsetRequest
-from aiokafka.protocol.types import (
-    AbstractType,
-    Boolean,
-    CompactArray,
-    CompactString,
-    Int16,
-    Int32,
-    Schema,
-    TaggedFields,
-)
 from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.util import commit_structure_validate
+
+from pipeline.errors import GroupGenerationFencedError, PipelineError
+from pipeline.kafka.requests import (
+    COORDINATOR_MOVED,
+    GROUP_FENCED,
+    PRODUCER_FENCED,
+    GroupMetadata,
+    MetadataRequest,
+    TxnOffsetCommitRequest,
+)
 
 READ_COMMITTED = 1
 #: What a transactional producer's calls raise once its sender has died: the transaction manager's state
@@ -246,96 +266,6 @@ async def force_metadata_update(consumer: AIOKafkaConsumer) -> None:
 # -- Metadata v12: the cluster id and topic ids -----------------------------------------------------
 
 
-class _Uuid(AbstractType[uuid.UUID]):  # type: ignore[misc]  # aiokafka is untyped
-    """Kafka's UUID type: 16 bytes."""
-
-    @classmethod
-    def encode(cls, value: uuid.UUID) -> bytes:
-        return value.bytes
-
-    @classmethod
-    def decode(cls, data: BytesIO) -> uuid.UUID:
-        raw = data.read(16)
-        if len(raw) != 16:
-            raise ValueError("Buffer underrun decoding a UUID")
-        return uuid.UUID(bytes=raw)
-
-
-_NAME = CompactString("utf-8")
-
-
-class MetadataResponseV12(Response):  # type: ignore[misc]  # aiokafka is untyped
-    API_KEY = 3
-    API_VERSION = 12
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        (
-            "brokers",
-            CompactArray(
-                ("node_id", Int32),
-                ("host", _NAME),
-                ("port", Int32),
-                ("rack", _NAME),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("cluster_id", _NAME),
-        ("controller_id", Int32),
-        (
-            "topics",
-            CompactArray(
-                ("error_code", Int16),
-                ("name", _NAME),
-                ("topic_id", _Uuid),
-                ("is_internal", Boolean),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("error_code", Int16),
-                        ("partition_index", Int32),
-                        ("leader_id", Int32),
-                        ("leader_epoch", Int32),
-                        ("replica_nodes", CompactArray(Int32)),
-                        ("isr_nodes", CompactArray(Int32)),
-                        ("offline_replicas", CompactArray(Int32)),
-                        ("tags", TaggedFields),
-                    ),
-                ),
-                ("topic_authorized_operations", Int32),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class MetadataRequestV12(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped
-    FLEXIBLE_VERSION = True
-    API_KEY = 3
-    API_VERSION = 12
-    RESPONSE_TYPE = MetadataResponseV12
-    SCHEMA = Schema(
-        ("topics", CompactArray(("topic_id", _Uuid), ("name", _NAME), ("tags", TaggedFields))),
-        ("allow_auto_topic_creation", Boolean),
-        ("include_topic_authorized_operations", Boolean),
-        ("tags", TaggedFields),
-    )
-
-
-class MetadataRequest(Request[MetadataRequestV12]):  # type: ignore[misc]  # aiokafka is untyped
-    """Metadata of ``topics`` (v12): with the cluster id and each topic's id."""
-
-    API_KEY = 3
-
-    def __init__(self, topics: list[str]) -> None:
-        self._topics = topics
-
-    def build(self, request_struct_class: type[MetadataRequestV12]) -> MetadataRequestV12:
-        """The request as the v12 struct."""
-        zero = uuid.UUID(int=0)
-        return request_struct_class([(zero, name, {}) for name in self._topics], False, False, {})
-
-
 @dataclass(frozen=True, slots=True)
 class ClusterIds:
     """The cluster's id and the id of each topic asked for that exists (a topic deleted and created
@@ -361,3 +291,183 @@ def batch_builder(size: int) -> BatchBuilder:
     """An empty transactional record batch of at most ``size`` bytes (``producer.create_batch()``
     has only the producer's one ``max_batch_size``; a topic's ``max.message.bytes`` may be smaller)."""
     return BatchBuilder(size, 0, is_transactional=True, key_serializer=None, value_serializer=None)
+
+
+# -- eos-v2 (KIP-447): a transaction's offsets with the group's generation --------------------------
+
+
+def group_metadata(consumer: AIOKafkaConsumer) -> GroupMetadata:
+    """The group of a started group consumer, and the generation, member id and group instance id its
+    coordinator holds now. Before the consumer joined, and once the coordinator forgot its membership,
+    the generation is -1 and the member id empty (:func:`send_offsets_with_group_metadata` refuses those)."""
+    coordinator = _group_coordinator(consumer)
+    return GroupMetadata(
+        coordinator.group_id, coordinator.generation, coordinator.member_id, coordinator._group_instance_id
+    )
+
+
+def _group_coordinator(consumer: AIOKafkaConsumer) -> Any:
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    if getattr(coordinator, "generation", None) is None:
+        raise PipelineError("the consumer has no group coordinator (no group id, or not started)")
+    return coordinator
+
+
+class _GroupOffsets(dict[TopicPartition, Any]):
+    """Offsets queued in aiokafka's transaction manager, with the group metadata to commit them with."""
+
+    def __init__(self, offsets: dict[TopicPartition, Any], metadata: GroupMetadata) -> None:
+        super().__init__(offsets)
+        self.metadata = metadata
+
+
+async def send_offsets_with_group_metadata(
+    producer: AIOKafkaProducer, offsets: Mapping[TopicPartition, int], metadata: GroupMetadata
+) -> None:
+    """Add ``offsets`` (the next offset to read, per partition) to ``producer``'s open transaction, sent as
+    TxnOffsetCommit v3 with ``metadata``'s generation, member id and group instance id (KIP-447).
+
+    ``producer.send_offsets_to_transaction`` stays aiokafka's (v0), and other producers are untouched: only
+    this producer's sender learns v3, for offsets sent through here. The answers:
+
+    - the group coordinator refuses them for the group metadata (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+      FENCED_INSTANCE_ID), or ``metadata`` has no generation: :class:`GroupGenerationFencedError`; also
+      GROUP_AUTHORIZATION_FAILED: ``GroupAuthorizationFailedError``. The transaction is then in
+      ABORTABLE_ERROR, holding what it held: ``commit_transaction`` raises the same error, a send raises
+      ``IllegalOperation``, and ``abort_transaction`` aborts it on the broker (the producer stays usable);
+    - INVALID_PRODUCER_EPOCH or PRODUCER_FENCED: ``ProducerFenced`` (the sender dies, as for aiokafka's own);
+    - the coordinator moved, loading or timed out: the sender asks again until it is answered.
+    """
+    manager: Any = producer._txn_manager
+    if manager is None or manager.transactional_id is None:
+        raise IllegalOperation("You need to configure transaction_id to use transactions")
+    if not manager.is_in_transaction():
+        raise IllegalOperation("Not in the middle of a transaction")
+    if metadata.generation_id < 0 or not metadata.member_id:
+        fenced = GroupGenerationFencedError(
+            f"no offsets committed for group {metadata.group_id}: the consumer is in no generation "
+            f"(generation {metadata.generation_id}, member id {metadata.member_id!r}); it must rejoin"
+        )
+        _fail_abortable(manager, fenced)
+        raise fenced
+    sender: Any = producer._sender
+    if not isinstance(vars(sender).get("_do_txn_offset_commit"), _GroupOffsetCommit):
+        sender._do_txn_offset_commit = _GroupOffsetCommit(sender, sender._do_txn_offset_commit)
+    queued = _GroupOffsets(commit_structure_validate(dict(offsets)), metadata)
+    await asyncio.shield(manager.add_offsets_to_txn(queued, metadata.group_id))
+
+
+def _fail_abortable(manager: Any, exc: Exception) -> None:
+    """Java's ``TransactionManager.abortableError``: the transaction goes to ABORTABLE_ERROR, its pending
+    offsets and its end fail with ``exc``, and what it holds is kept, so that ``abort_transaction`` ends it on
+    the broker (aiokafka's ``error_transaction`` forgets it: see :func:`abort_would_be_local`). An abort under
+    way goes on."""
+    if manager.state in (TransactionState.IN_TRANSACTION, TransactionState.COMMITTING_TRANSACTION):
+        manager._transition_to(TransactionState.ABORTABLE_ERROR)
+        waiter = manager._transaction_waiter
+        if not waiter.done():
+            waiter.set_exception(exc)
+            waiter.exception()  # marked read: an abort replaces the waiter without reading it
+    for _group, _offsets, future in manager._pending_txn_offsets:
+        if not future.done():
+            future.set_exception(exc)
+    manager._pending_txn_offsets.clear()
+
+
+class _GroupOffsetCommit:
+    """One sender's ``_do_txn_offset_commit``: offsets queued with group metadata go as TxnOffsetCommit
+    v3, any others as aiokafka sends them."""
+
+    def __init__(self, sender: Any, plain: Callable[[Any, str], Awaitable[Any]]) -> None:
+        self._sender = sender
+        self._plain = plain
+
+    async def __call__(self, offsets: Any, group_id: str) -> Any:
+        if not isinstance(offsets, _GroupOffsets):
+            return await self._plain(offsets, group_id)
+        if not offsets:
+            return None
+        try:  # to the group's coordinator, as aiokafka's own
+            node_id = await self._sender._find_coordinator(CoordinationType.GROUP, group_id)
+        except GroupAuthorizationFailedError as exc:
+            _fail_abortable(self._sender._txn_manager, exc)
+            return None
+        return await _TxnOffsetCommitV3Handler(self._sender, offsets, group_id).do(node_id)
+
+
+class _TxnOffsetCommitV3Handler(aiokafka_sender.TxnOffsetCommitHandler):  # type: ignore[misc]  # untyped
+    """aiokafka's handler, sending v3 and reading its answer as Java's ``TxnOffsetCommitHandler`` does."""
+
+    def create_request(self) -> TxnOffsetCommitRequest:
+        manager = self._sender._txn_manager
+        offsets = {tp: (value.offset, value.metadata) for tp, value in self._offsets.items()}
+        return TxnOffsetCommitRequest(
+            manager.transactional_id,
+            manager.producer_id,
+            manager.producer_epoch,
+            self._offsets.metadata,
+            offsets,
+        )
+
+    def handle_response(self, resp: Any) -> float | None:
+        """None when done (committed, or the transaction failed as abortable); else the backoff before
+        the sender sends the offsets not yet committed again."""
+        manager = self._sender._txn_manager
+        for topic, partitions, _tags in resp.topics:
+            for partition, code, _ in partitions:
+                tp = TopicPartition(topic, partition)
+                if code == 0:
+                    manager.offset_committed(tp, self._offsets[tp].offset, self._group_id)
+                elif code in GROUP_FENCED:
+                    metadata: GroupMetadata = self._offsets.metadata
+                    refused = GroupGenerationFencedError(
+                        f"the coordinator of group {self._group_id} refused the transaction's offsets (error {code}): "
+                        f"generation {metadata.generation_id}, member {metadata.member_id} is not the current one"
+                    )
+                    _fail_abortable(manager, refused)
+                    return None
+                elif code == GroupAuthorizationFailedError.errno:
+                    _fail_abortable(manager, GroupAuthorizationFailedError(self._group_id))
+                    return None
+                elif code in COORDINATOR_MOVED or code in (
+                    GroupLoadInProgressError.errno,
+                    UnknownTopicOrPartitionError.errno,
+                ):
+                    if code in COORDINATOR_MOVED:
+                        self._sender._coordinator_dead(CoordinationType.GROUP)
+                    return float(self._default_backoff)
+                elif code in (InvalidProducerEpoch.errno, PRODUCER_FENCED):
+                    raise ProducerFenced
+                elif code == TransactionalIdAuthorizationFailed.errno:
+                    raise TransactionalIdAuthorizationFailed(manager.transactional_id)
+                else:
+                    raise for_code(code)()
+        return None
+
+
+# -- the group coordinator and the client of any aiokafka client ------------------------------------
+
+
+async def group_request(consumer: AIOKafkaConsumer, request: Any) -> Any:
+    """Send ``request`` to the consumer's group coordinator (found first, as the consumer's own requests
+    are); a failure to send marks the coordinator unknown, and so does :func:`group_coordinator_moved`."""
+    coordinator = _group_coordinator(consumer)
+    await coordinator.ensure_coordinator_known()
+    return await coordinator._send_req(request)
+
+
+def group_coordinator_moved(consumer: AIOKafkaConsumer) -> None:
+    """The coordinator answered that the group is not its own (or not yet): find it again."""
+    _group_coordinator(consumer).coordinator_dead()
+
+
+def kafka_client(client: AIOKafkaClient | AIOKafkaProducer | AIOKafkaConsumer | Any) -> AIOKafkaClient:
+    """The ``AIOKafkaClient`` (connections, coordinators) of a producer, a consumer or an admin client."""
+    if isinstance(client, AIOKafkaClient):
+        return client
+    if isinstance(client, AIOKafkaProducer):
+        return client.client
+    found = getattr(client, "_client", None)
+    if not isinstance(found, AIOKafkaClient):
+        raise PipelineError(f"{type(client).__name__} has no Kafka client")
+    return found

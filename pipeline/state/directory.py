@@ -40,6 +40,11 @@ def store_path(state_dir: Path, topology: Topology, group: str, tp: TopicPartiti
     return Path(state_dir) / topology.app / group / f"{tp.topic}-{tp.partition}"
 
 
+def holds_store(path: Path) -> bool:
+    """Whether a store lies at ``path`` (a wiped one is gone until it is opened again)."""
+    return (path / "CURRENT").is_file()
+
+
 def topology_bucket_ms(topology: Topology) -> int:
     """The bucket width of every store of ``topology``."""
     return bucket_width(int(topology.max_ttl.total_seconds() * 1000))
@@ -69,22 +74,36 @@ def reopen(
     store: PartitionStore, *, identity: StoreIdentity, follow: bool, opener: StoreOpener = PartitionStore.open
 ) -> PartitionStore:
     """Close ``store`` and open it again, to follow its changelog or to be served (``follow``); the
-    identity is checked again. A failure leaves ``store`` closed and raises :class:`StoreError`."""
-    path, bucket_ms = store.path, store.bucket_ms
+    identity is checked again, and a position checked against the changelog stays checked. A failure
+    leaves ``store`` closed and raises :class:`StoreError`."""
+    path, bucket_ms, offset, checked = store.path, store.bucket_ms, store.changelog_offset, store.checked
     store.close()
-    return open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
+    again = open_store(path, bucket_ms=bucket_ms, identity=identity, opener=opener, follow=follow)
+    again.checked = again.checked or (checked and again.changelog_offset == offset)  # the same position
+    return again
 
 
-def release(store: PartitionStore, *, wipe: bool, name: str) -> None:
+def release(store: PartitionStore, *, wipe: bool, name: str) -> int | None:
     """Close ``store``, and wipe it if ``wipe`` (an entry could not be read: the next owner restores it);
-    a store that fails to close is logged, not raised (its owner is letting it go)."""
+    a store that fails to close is logged, not raised (its owner is letting it go).
+
+    Returns the changelog offset the store left on disk holds, for its worker to claim: -1 (nothing)
+    when it was wiped or meant to be, None when that is not known: it failed to close, or its position
+    was never checked against its changelog's end (it may lie beyond it: released before its restore)."""
+    offset = store.changelog_offset if store.checked else None
     try:
         store.close()
-        if wipe:
-            log.warning("%s: wiping store %s (an entry could not be read)", name, store.path)
-            PartitionStore.wipe(store.path)
     except StoreError as exc:
         log.warning("%s: %s", name, exc)
+        return -1 if wipe else None
+    if not wipe:
+        return offset
+    log.warning("%s: wiping store %s (an entry could not be read)", name, store.path)
+    try:
+        PartitionStore.wipe(store.path)
+    except StoreError as exc:
+        log.warning("%s: %s", name, exc)
+    return -1
 
 
 def rebuild(
@@ -161,7 +180,7 @@ def stored_positions(
     bucket_ms = topology_bucket_ms(topology)
     for child in sorted(root.iterdir()):
         topic, _, number = child.name.rpartition("-")
-        if topic not in identities or not number.isdigit() or not (child / "CURRENT").is_file():
+        if topic not in identities or not number.isdigit() or not holds_store(child):
             continue
         identity = identities[topic]._replace(partition=int(number))
         try:

@@ -4,9 +4,11 @@ budget) and replay through :class:`~pipeline.state.replay.Replay`.
 
 The store is a cache of its changelog: a store whose position lies beyond the
 changelog's end caches another log (:class:`~pipeline.errors.StoreStaleError`;
-the caller rebuilds it). Restores and standbys share a :class:`RestoreBudget` in
-bytes, so a worker given many partitions at once does not fetch for all of them at
-once; a restore (a partition waiting to be served) goes before a standby.
+the caller rebuilds it); one that passes the check is marked ``checked``, so its
+worker may claim its position in the group. Restores and standbys share a
+:class:`RestoreBudget` in bytes, so a worker given many partitions at once does
+not fetch for all of them at once; a restore (a partition waiting to be served)
+goes before a standby.
 """
 
 from __future__ import annotations
@@ -158,11 +160,13 @@ class Restorer:
 
 
 def _level(store: PartitionStore, changelog: TopicPartition, end: int) -> bool:
-    """Whether the store has everything up to ``end``; raises :class:`StoreStaleError` if it is beyond it."""
+    """Whether the store has everything up to ``end``; raises :class:`StoreStaleError` if it is beyond it
+    (otherwise the store's position is checked: ``store.checked``)."""
     start = store.changelog_offset + 1
     if start > end:
         raise StoreStaleError(
             f"store {store.path} is at changelog offset {start - 1}, beyond the end of "
             f"{changelog.topic}-{changelog.partition} ({end}): it caches another log"
         )
+    store.checked = True
     return start == end

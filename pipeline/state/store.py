@@ -147,6 +147,10 @@ class PartitionStore:
         raw_offset = self._meta.get(OFFSET)
         raw_time = self._meta.get(STREAM_TIME)
         self.changelog_offset = int(raw_offset) if raw_offset is not None else -1
+        # whether changelog_offset is known to lie within its changelog: an empty store's does, and a
+        # restore or a standby's round checks it against the changelog's end (the writes that follow come
+        # from the changelog or go to it); a store ahead of the end caches another log
+        self.checked = self.changelog_offset < 0
         self.stream_time = int(raw_time) if raw_time is not None else 0
         self.keys_expired = 0
         self._closed = False

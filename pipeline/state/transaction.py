@@ -23,7 +23,7 @@ raises, and every part is reset):
 
 - :class:`~pipeline.errors.ProducerFencedError`, :class:`~pipeline.errors.ProducerUnusableError`:
   this producer is done (the caller replaces it);
-- :class:`~pipeline.errors.GroupFencedError`: the group no longer counts this worker a member
+- :class:`~pipeline.errors.GroupGenerationFencedError`: the group no longer counts this worker a member
   of the generation its offsets carry: aborted, and the worker rejoins;
 - :class:`TransactionFailedError`: the broker refused the transaction, which was aborted:
   redo its records;

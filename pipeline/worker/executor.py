@@ -36,7 +36,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import (
-    GroupFencedError,
+    GroupGenerationFencedError,
     PartitionUnservedError,
     PipelineError,
     ProducerFencedError,
@@ -152,7 +152,7 @@ class TaskExecutor:
             outcome.fatal = self._refused(exc, held, tasks)
             outcome.replace_producer = txn.producer.needs_replacing
             return outcome
-        except GroupFencedError as exc:
+        except GroupGenerationFencedError as exc:
             log.warning("%s; aborted, rejoining the group", exc)
             outcome.rewind, outcome.rejoin = starts, True
             return outcome

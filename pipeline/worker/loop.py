@@ -136,7 +136,7 @@ class Worker:
         standbys = self._standbys = StandbyReplicas(
             self._context, dict(self._stages()), self._served_positions, unplanned=self._metadata.missing
         )
-        standbys.scan()
+        await standbys.scan()
         consumer = worker_consumer(self.settings, assignor=standbys.assignor)
         try:
             await consumer.start()

@@ -93,7 +93,7 @@ class Partition:
         self.stage: Stage | None = None
         self._wipe = False  # the store cannot be read: wipe it when released
         self.identity = context.identity(tp, changelog)
-        self.position: int | None = None  # the changelog offset the store reflected when released
+        self.position: int | None = None  # the changelog offset its store left on disk holds (-1: wiped)
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -394,5 +394,4 @@ class Partition:
         if producer is not None:
             await producer.stop()
         if store is not None:
-            self.position = store.changelog_offset
-            directory.release(store, wipe=self._wipe, name=self.name)
+            self.position = directory.release(store, wipe=self._wipe, name=self.name)

@@ -76,6 +76,7 @@ class Standby:
         self.lifecycle = Lifecycle.standby(self.name)
         self.store: PartitionStore | None = None
         self.position = -1  # the changelog offset the store reflects
+        self.stored: int | None = None  # the checked offset its store on disk holds (None: not known yet)
         self.end: int | None = None  # the changelog's end (last stable offset) at the last round
         self.started_at = time.monotonic()
         self.level_at: float | None = None  # when the store was last level with its changelog
@@ -116,8 +117,10 @@ class Standby:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"standby {self.name}")
 
-    async def close(self) -> int:
-        """Stop following and close the store (its lock released); returns the changelog offset it reflects."""
+    async def close(self) -> int | None:
+        """Stop following and close the store (its lock released); returns the changelog offset the store
+        left on disk holds, once checked against the changelog's end (-1: nothing; None: not known, so what
+        was known of it before stands)."""
         task, self._task = self._task, None
         if task is not None:
             if self.replaying:
@@ -132,7 +135,7 @@ class Standby:
         self._close_store()
         if not self.lifecycle.closed:
             self.lifecycle.move(State.CLOSED)
-        return self.position
+        return self.stored
 
     async def _run(self) -> None:
         backoff = RETRY_FIRST_S
@@ -171,7 +174,7 @@ class Standby:
             return
         finally:
             self.replaying = False
-        self.position = store.changelog_offset
+        self._note(store)  # checked by the round
         self.applied += applied
         if applied and self._on_applied is not None:
             self._on_applied(applied)
@@ -184,10 +187,16 @@ class Standby:
         """The store, opened to follow its changelog (OPENING → FOLLOWING) unless it is open already."""
         if self.store is not None:
             return self.store
-        self.store = directory.open_store(
-            self.path, bucket_ms=self.bucket_ms, identity=self.identity, opener=self._opener, follow=True
-        )
-        self.position = self.store.changelog_offset
+        try:
+            self.store = directory.open_store(
+                self.path, bucket_ms=self.bucket_ms, identity=self.identity, opener=self._opener, follow=True
+            )
+        except StoreError:
+            if not directory.holds_store(self.path):  # wiped (it could not be read), and not made again
+                self.position = self.stored = -1
+            raise
+        # what it holds is taken now only when it is empty (new, or made again after a wipe): a round checks others
+        self._note(self.store)
         if self.state is State.OPENING:
             self.lifecycle.move(State.FOLLOWING)
         log.info("standby %s: following %s from offset %s", self.name, self.changelog, self.position + 1)
@@ -198,14 +207,21 @@ class Standby:
         if store is None:
             return
         self.store = None
+        self.position = self.stored = -1  # wiped first: what it held is gone even if the reopen fails
         self.store = directory.rebuild(store, identity=self.identity, why=why, opener=self._opener)
-        self.position = self.store.changelog_offset
+        self._note(self.store)
+
+    def _note(self, store: PartitionStore) -> None:
+        """Take the store's position, and, once it is checked against the changelog's end, what it holds."""
+        self.position = store.changelog_offset
+        if store.checked:
+            self.stored = self.position
 
     def _close_store(self) -> None:
         store, self.store = self.store, None
         if store is None:
             return
-        self.position = max(self.position, store.changelog_offset)
+        self._note(store)
         try:
             store.close()
         except StoreError as exc:

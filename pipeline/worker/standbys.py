@@ -5,8 +5,12 @@
 :class:`~pipeline.worker.standby.Standby` copies the group's leader gave this worker:
 
 - at start, the stores already on this worker's disk are read once for their
-  changelog positions (:func:`pipeline.state.directory.stored_positions`), so a
-  restarted worker claims what it still holds;
+  changelog positions (:func:`pipeline.state.directory.stored_positions`) and
+  checked against their changelogs' ends, so a restarted worker claims what it
+  still holds, and never a store beyond its changelog's end;
+- the position claimed for a partition is what its store on disk holds now, once
+  checked against the changelog's end (:meth:`StandbyReplicas.claim`): lowered
+  when the store is wiped or rebuilt, dropped when it is no longer on disk;
 - on each assignment (:meth:`StandbyReplicas.assigned`, before any partition
   opens) a standby of a partition now served here is closed first: the
   partition then opens the same store, fences the previous owner and replays
@@ -22,8 +26,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from pipeline.state import directory
 from pipeline.state.store_meta import StoreIdentity
@@ -61,29 +67,68 @@ class StandbyReplicas:
         self._observed: set[TopicPartition] = set()  # standbys whose gauges are set
         self._observed_at = 0.0
 
-    def scan(self) -> None:
-        """Learn the positions of the stores already on disk (once, at start: each is opened and closed)."""
+    async def scan(self) -> None:
+        """Learn the positions of the stores already on disk (once, at start: each is opened and closed), and
+        check each against its changelog's end: a store beyond it caches another log and claims nothing
+        (it is rebuilt when opened); when the ends cannot be read, none claims anything until opened."""
         topology = self.context.topology
-        self.known.update(
-            directory.stored_positions(
-                self.settings.state_dir,
-                topology,
-                self.settings.group,
-                {topic: self.identity(TopicPartition(topic, 0)) for topic in self._changelogs},
-                opener=self.context.open_store,
-            )
+        found = directory.stored_positions(
+            self.settings.state_dir,
+            topology,
+            self.settings.group,
+            {topic: self.identity(TopicPartition(topic, 0)) for topic in self._changelogs},
+            opener=self.context.open_store,
         )
+        if not found:
+            return
+        changelogs = {tp: TopicPartition(self._changelogs[tp.topic], tp.partition) for tp in found}
+        try:
+            ends = await self._ends(changelogs.values())
+        except KafkaError as exc:
+            log.warning(
+                "stores on disk claim nothing until opened: their changelogs' ends cannot be read: %r", exc
+            )
+            return
+        for tp, offset in sorted(found.items()):
+            end = ends.get(changelogs[tp])
+            if end is not None and offset < end:
+                self.known[tp] = offset
+            else:
+                log.warning(
+                    "store %s-%s is at changelog offset %s, beyond the end of %s-%s (%s): it caches another "
+                    "log, claims nothing and is rebuilt when opened",
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    changelogs[tp].topic,
+                    tp.partition,
+                    end,
+                )
         if self.known:
             log.info(
                 "stores on disk: %s",
                 ", ".join(f"{tp.topic}-{tp.partition} at {o}" for tp, o in sorted(self.known.items())),
             )
 
+    async def _ends(self, changelogs: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The changelogs' ends (last stable offsets), read through the restore service's reader."""
+        reader = await self.context.require_restorer().reader()
+        return await reader.ends(changelogs)
+
     def claim(self) -> Held:
-        """What this worker holds, for the assignor's metadata."""
-        positions = dict(self.known)
+        """What this worker holds, for the assignor's metadata: the position each store on its disk holds now.
+
+        A standby's position is its store's as it is now, lowered when the store was wiped or rebuilt;
+        until a round has checked the store against its changelog's end, what was known of it before (-1
+        when nothing was). A closed store is claimed only while it is still on disk, and only once checked
+        against the changelog's end, so a store ahead of it (a cache of another log, rebuilt when opened)
+        never outranks a sticky owner's copy. The stores of partitions served here report their live
+        position (``served_positions``); a rebalance closes them all before the worker rejoins.
+        """
+        positions = {tp: offset for tp, offset in self.known.items() if directory.holds_store(self._path(tp))}
         for tp, standby in self.held.items():
-            positions[tp] = max(standby.position, positions.get(tp, -1))
+            stored = standby.stored
+            positions[tp] = stored if stored is not None else positions.get(tp, -1)
         positions.update(self._served_positions())
         return Held(positions, self.served)
 
@@ -92,9 +137,16 @@ class StandbyReplicas:
         return self.context.identity(tp, TopicPartition(self._changelogs[tp.topic], tp.partition))
 
     def remember(self, tp: TopicPartition, position: int | None) -> None:
-        """A served partition closed with its store at ``position``."""
-        if position is not None:
+        """A store of ``tp`` (served, or a standby's) was closed, leaving ``position`` on disk (-1: it was
+        wiped; None: not known, so the position remembered before stands). A store no longer on disk is
+        forgotten: a wiped store never claims what it held."""
+        if not directory.holds_store(self._path(tp)):
+            self.known.pop(tp, None)
+        elif position is not None:
             self.known[tp] = position
+
+    def _path(self, tp: TopicPartition) -> Path:
+        return directory.store_path(self.settings.state_dir, self.context.topology, self.settings.group, tp)
 
     async def assigned(self, assigned: Iterable[TopicPartition]) -> None:
         """Apply a new assignment: promote (close) standbys of partitions now served here, drop the
@@ -105,16 +157,16 @@ class StandbyReplicas:
         for tp in sorted(set(self.held) & active):
             standby = self.held.pop(tp)
             lag = standby.lag_records
-            position = self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())
             log.info(
                 "%s: promoted from standby at changelog offset %s (%s records behind at its last round)",
                 standby.name,
-                position,
+                standby.position,
                 "?" if lag is None else lag,
             )
         for tp in sorted(set(self.held) - wanted):
             standby = self.held.pop(tp)
-            self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())
             log.info("standby %s: no longer held here", standby.name)
         for tp in sorted(wanted - set(self.held)):
             self.held[tp] = self._start(tp)
@@ -126,9 +178,7 @@ class StandbyReplicas:
             tp,
             changelog=TopicPartition(self._changelogs[tp.topic], tp.partition),
             identity=self.identity(tp),
-            path=directory.store_path(
-                self.settings.state_dir, self.context.topology, self.settings.group, tp
-            ),
+            path=self._path(tp),
             bucket_ms=directory.topology_bucket_ms(self.context.topology),
             restorer=self.context.require_restorer(),
             opener=self.context.open_store,
@@ -167,4 +217,4 @@ class StandbyReplicas:
         """Close every standby."""
         held, self.held = self.held, {}
         for tp, standby in held.items():
-            self.known[tp] = await standby.close()
+            self.remember(tp, await standby.close())

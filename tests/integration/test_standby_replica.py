@@ -1,4 +1,5 @@
-"""A standby replica on the real broker: it follows its changelog read_committed, and a stale or foreign store never fools it."""
+"""A standby replica on the real broker: it follows its changelog read_committed, and a stale or foreign store never
+fools it, nor the group's leader."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker.assignment import Claim, plan
+from pipeline.worker.assignor import decode_claim, encode_claim
 from pipeline.worker.lifecycle import StandbyState
 from pipeline.worker.standby import Standby
+from pipeline.worker.standbys import StandbyReplicas
+from tests.unit.worker.fakes import TOPICS, make_partition
 
 pytestmark = pytest.mark.broker
 
@@ -206,3 +211,48 @@ async def test_a_standby_never_touches_a_store_that_is_someone_elses(
         assert set(kept.get_many([b"theirs"])) == {b"theirs"}
     finally:
         kept.close()
+
+
+async def test_a_wiped_standby_never_takes_the_partition_from_a_current_copy(
+    bootstrap: str, make_topic: TopicFactory, tmp_path: Path
+) -> None:
+    """A worker starts with a store at offset 30,000 of a changelog that ends at 51 (another log's cache): it claims
+    nothing of it; its standby wipes and rebuilds it, then claims what it replayed. At every step the leader leaves
+    the partition with the member whose copy is current."""
+    topic = await make_topic("changelog")
+    await _produce(bootstrap, topic, range(50))  # 50 records and a commit marker: the end is 51
+    tp = TopicPartition(TOPICS.input, 0)
+    replicas = StandbyReplicas(
+        make_partition(tmp_path, bootstrap=bootstrap, standby_replicas=1).context, {tp.topic: topic}, dict
+    )
+    settings = replicas.settings
+    path = directory.store_path(settings.state_dir, replicas.context.topology, settings.group, tp)
+    ahead = PartitionStore.open(
+        path,
+        bucket_ms=directory.topology_bucket_ms(replicas.context.topology),
+        identity=replicas.identity(tp),
+    )
+    ahead.write({b"ghost": Change.of(_entry(7))}, changelog_offset=30_000, stream_time=BASE)
+    ahead.close()
+    current = Claim(frozenset({tp.topic}), {tp: 50}, active=frozenset({tp}))
+
+    def owner() -> str:
+        claim = decode_claim([tp.topic], encode_claim(replicas.claim()))
+        [name] = [
+            n for n, p in plan([tp], {"wiped": claim, "current": current}, replicas=1).items() if p.active
+        ]
+        return name
+
+    await replicas.scan()  # the changelog's end, read from the broker
+    assert tp not in replicas.claim().positions
+    assert owner() == "current"
+    replicas.assignor.standbys = frozenset({tp})
+    await replicas.assigned(set())
+    try:
+        standby = replicas.held[tp]
+        await _level(standby, 51)
+        assert replicas.claim().positions[tp] == 50  # the rebuilt store, replayed to the end
+        assert owner() == "current"  # as current, and the sticky owner
+    finally:
+        await replicas.close()
+    assert replicas.claim().positions[tp] == 50  # closed, still on disk

@@ -14,7 +14,10 @@ What it models, as Kafka does it for the clients and request versions aiokafka u
 - the group coordinator: the classic eager protocol with generations, JoinGroup
   held until every member rejoined (or the rebalance timeout), SyncGroup held until
   the leader's assignment, heartbeats, session expiry, and committed offsets,
-  written only when the transaction that carried them commits;
+  written only when the transaction that carried them commits; a transaction's
+  offsets that carry a member (TxnOffsetCommit v3, KIP-447) are refused unless
+  that member is in the current generation, and an OffsetFetch ``require_stable``
+  answers a partition whose offsets a transaction holds UNSTABLE_OFFSET_COMMIT;
 - per-topic ``max.message.bytes`` and the timestamp bounds
   (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``);
 - outages: while down, the broker answers nothing; what was in flight is lost.
@@ -52,6 +55,8 @@ INVALID_TXN_STATE = 48
 INVALID_PRODUCER_ID_MAPPING = 49
 CONCURRENT_TRANSACTIONS = 51
 MEMBER_ID_REQUIRED = 79
+FENCED_INSTANCE_ID = 82
+UNSTABLE_OFFSET_COMMIT = 88
 COORDINATOR_NOT_AVAILABLE = 15
 GROUP_AUTHORIZATION_FAILED = 30
 
@@ -250,6 +255,7 @@ class Member:
     protocol_type: str
     deadline: float = 0.0
     process: Any = None  # the simulated process behind it
+    instance_id: str | None = None  # group.instance.id (static membership), from its JoinGroup
     join: asyncio.Future[Any] | None = None
     sync: asyncio.Future[Any] | None = None
     assignment: bytes = b""
@@ -468,19 +474,54 @@ class Broker:
         return NONE
 
     def txn_offset_commit(
-        self, txn_id: str, group_id: str, pid: int, epoch: int, offsets: dict[tuple[str, int], int]
+        self,
+        txn_id: str,
+        group_id: str,
+        pid: int,
+        epoch: int,
+        offsets: dict[tuple[str, int], int],
+        member: tuple[int, str, str | None] = (-1, "", None),
     ) -> int:
+        """A transaction's offsets, pending until its markers; ``member`` is the (generation, member id, group
+        instance id) v3 carries (v0 carries none: the defaults)."""
         error, txn = self._txn_for(txn_id, pid, epoch)
         if txn is None:
             return error
         if txn.state != "ongoing" or group_id not in txn.groups:
             return INVALID_TXN_STATE
+        error = self._check_member(group_id, *member)
+        if error:
+            self.trace(
+                f"broker: {txn_id}: offsets of group {group_id} for generation {member[0]} refused ({error})"
+            )
+            return error
         injected = self._injected("offsets", txn_id)
         if injected:
             return injected
         group = self.group(group_id)
         group.pending_offsets.setdefault(pid, {}).update(offsets)
         return NONE
+
+    def _check_member(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
+        """The group coordinator's check of a transaction's offsets (Kafka 4, a classic group): a request that
+        names no member (v0, or v3 from a client outside the group) is taken; one that does is taken only
+        from a member of the current generation, so a zombie's transaction cannot commit offsets."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return ILLEGAL_GENERATION if generation >= 0 else NONE
+        if generation < 0 and not group.members:
+            return NONE
+        if generation < 0 and not member_id and instance_id is None:
+            return NONE  # transactional offsets need no member: an old producer's v0
+        if instance_id is not None:
+            static = next((m for m in group.members.values() if m.instance_id == instance_id), None)
+            if static is None:
+                return UNKNOWN_MEMBER_ID
+            if static.member_id != member_id:
+                return FENCED_INSTANCE_ID
+        if member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        return ILLEGAL_GENERATION if generation != group.generation else NONE
 
     def end_txn(self, txn_id: str, pid: int, epoch: int, commit: bool) -> int:
         txn = self.txns.get(txn_id)
@@ -557,6 +598,7 @@ class Broker:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: list[tuple[str, bytes]],
+        instance_id: str | None = None,
     ) -> dict[str, Any]:
         group = self.group(group_id)
         if not member_id:
@@ -579,6 +621,7 @@ class Broker:
             self.trace(f"broker: group {group_id}: {member_id} joins")
         member.protocols = protocols
         member.process = process
+        member.instance_id = instance_id
         member.deadline = self.now() + member.session_timeout_s
         self._expire_later(group, member)
         if member.join is not None and not member.join.done():
@@ -736,6 +779,18 @@ class Broker:
                 member.join = None
                 member.sync = None
 
-    def offset_fetch(self, group_id: str, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    def offset_fetch(
+        self, group_id: str, tps: list[tuple[str, int]], *, require_stable: bool = False
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each partition's (committed offset or -1, error). With ``require_stable`` (OffsetFetch v7+), a
+        partition a pending transaction holds offsets of (its TxnOffsetCommit taken, its markers not yet
+        written) is UNSTABLE_OFFSET_COMMIT, so a new owner waits for that transaction instead of starting
+        from the offset before it."""
         group = self.group(group_id)
-        return {tp: group.committed.get(tp, -1) for tp in tps}
+        held = (
+            {tp for offsets in group.pending_offsets.values() for tp in offsets} if require_stable else set()
+        )
+        return {
+            tp: (-1, UNSTABLE_OFFSET_COMMIT) if tp in held else (group.committed.get(tp, -1), NONE)
+            for tp in tps
+        }

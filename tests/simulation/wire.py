@@ -56,8 +56,12 @@ REQUESTS = (
 VERSIONS: dict[int, tuple[int, int]] = {
     r.API_KEY: (r._CLASSES[-1].API_VERSION, r._CLASSES[-1].API_VERSION) for r in REQUESTS
 }
-# Metadata up to v12 too: the worker asks v12 for the cluster and topic ids (pipeline.kafka.internals)
+# Metadata up to v12 too: the worker asks v12 for the cluster and topic ids (pipeline.kafka.internals);
+# OffsetFetch up to v7 (require_stable) and TxnOffsetCommit up to v3 (the group metadata), which the worker
+# asks through pipeline.kafka.requests (eos-v2); aiokafka's own still picks its v3 and v0 from these ranges
 VERSIONS[metadata.MetadataRequest.API_KEY] = (VERSIONS[metadata.MetadataRequest.API_KEY][0], 12)
+VERSIONS[commit.OffsetFetchRequest.API_KEY] = (1, 7)
+VERSIONS[transaction.TxnOffsetCommitRequest.API_KEY] = (0, 3)
 
 
 class Network:
@@ -275,11 +279,7 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
         )
         return req.RESPONSE_TYPE(0, error)
     if key == transaction.TxnOffsetCommitRequest.API_KEY:
-        offsets = {(topic, p): off for topic, partitions in req.topics for p, off, _meta in partitions}
-        error = broker.txn_offset_commit(
-            req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets
-        )
-        return req.RESPONSE_TYPE(0, _by_topic(dict.fromkeys(offsets, error)))
+        return _txn_offset_commit(broker, req)
     if key == admin_protocol.DescribeConfigsRequest.API_KEY:
         return _describe_configs(broker, req)
     raise NotImplementedError(f"the simulated broker has no handler for {type(req).__name__}")
@@ -297,6 +297,8 @@ def _watch_fences(broker: b.Broker, req: Any, response: Any, process: Any) -> No
     codes = []
     if key == produce.ProduceRequest.API_KEY:
         codes = [answer[1] for _topic, answers in response.topics for answer in answers]
+    elif key == transaction.TxnOffsetCommitRequest.API_KEY and req.API_VERSION >= 3:
+        codes = [answer[1] for _topic, answers, _tags in response.topics for answer in answers]
     elif key in (transaction.AddPartitionsToTxnRequest.API_KEY, transaction.TxnOffsetCommitRequest.API_KEY):
         codes = [error for _topic, errors in response.errors for _p, error in errors]
     elif hasattr(response, "error_code"):
@@ -417,13 +419,40 @@ def _metadata_v12(broker: b.Broker, req: Any) -> Any:
     return req.RESPONSE_TYPE(0, [(NODE, HOST, PORT, None, {})], broker.cluster_id, NODE, topics, {})
 
 
+def _txn_offset_commit(broker: b.Broker, req: Any) -> Any:
+    """v0 (aiokafka's): no member; v3 (pipeline.kafka.requests): the generation, member id and instance id."""
+    if req.API_VERSION < 3:
+        offsets = {(topic, p): off for topic, partitions in req.topics for p, off, _meta in partitions}
+        error = broker.txn_offset_commit(
+            req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets
+        )
+        return req.RESPONSE_TYPE(0, _by_topic(dict.fromkeys(offsets, error)))
+    offsets = {
+        (topic, p): off for topic, partitions, _ in req.topics for p, off, _epoch, _meta, _ in partitions
+    }
+    member = (req.generation_id, req.member_id, req.group_instance_id)
+    error = broker.txn_offset_commit(
+        req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets, member
+    )
+    answers = _by_topic(dict.fromkeys(offsets, error))
+    return req.RESPONSE_TYPE(0, [(topic, [(p, e, {}) for p, e in rows], {}) for topic, rows in answers], {})
+
+
 def _offset_fetch(broker: b.Broker, req: Any) -> Any:
-    tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
-    found = broker.offset_fetch(req.consumer_group, tps)
-    topics: dict[str, list[tuple[int, int, str, int]]] = {}
-    for (topic, partition), position in found.items():
-        topics.setdefault(topic, []).append((partition, position, "", 0))
-    return req.RESPONSE_TYPE(0, list(topics.items()), 0)
+    """v1-v3 (aiokafka's); v7 (pipeline.kafka.requests) flexible, with require_stable."""
+    if req.API_VERSION < 7:
+        tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
+        found = broker.offset_fetch(req.consumer_group, tps)
+        topics: dict[str, list[tuple[int, int, str, int]]] = {}
+        for (topic, partition), (position, error) in found.items():
+            topics.setdefault(topic, []).append((partition, position, "", error))
+        return req.RESPONSE_TYPE(0, list(topics.items()), 0)
+    tps = [(topic, p) for topic, partitions, _tags in req.topics for p in partitions]
+    found = broker.offset_fetch(req.group_id, tps, require_stable=req.require_stable)
+    flexible: dict[str, list[tuple[int, int, int, str, int, dict[int, bytes]]]] = {}
+    for (topic, partition), (position, error) in found.items():
+        flexible.setdefault(topic, []).append((partition, position, -1, "", error, {}))
+    return req.RESPONSE_TYPE(0, [(topic, rows, {}) for topic, rows in flexible.items()], 0, {})
 
 
 async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any:
@@ -436,6 +465,7 @@ async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any
         req.rebalance_timeout,
         req.protocol_type,
         [(name, bytes(meta)) for name, meta in req.group_protocols],
+        getattr(req, "group_instance_id", None),
     )
     if result["error"]:
         return req.RESPONSE_TYPE(0, result["error"], -1, "", "", result.get("member_id", ""), [])

@@ -11,22 +11,28 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import CoordinationType
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
     LeaderNotAvailableError,
+    NotCoordinatorForGroupError,
     ProducerFenced,
     RequestTimedOutError,
     UnknownMemberIdError,
 )
 from aiokafka.producer import sender as aiokafka_sender
-from aiokafka.producer.transaction_manager import TransactionState
+from aiokafka.producer.transaction_manager import TransactionManager, TransactionResult, TransactionState
 from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.protocol.metadata import MetadataResponse_v1
+from aiokafka.structs import OffsetAndMetadata
 
+from pipeline.errors import GroupGenerationFencedError, PipelineError
 from pipeline.kafka import internals
+from pipeline.kafka.requests import GroupMetadata, MetadataResponseV12
 
 TP = TopicPartition("t", 0)
 
@@ -129,14 +135,10 @@ async def test_stop_consumer_lets_a_real_cancellation_through() -> None:
         await task
 
 
-def test_metadata_v12_carries_the_cluster_and_topic_ids() -> None:
-    """The hand-declared Metadata v12 encodes as a flexible request and its response decodes the ids."""
-    struct = internals.MetadataRequest(["a", "b"]).prepare({3: (0, 13)})
-    assert struct.API_VERSION == 12
-    assert struct.FLEXIBLE_VERSION
-    assert type(struct).decode(BytesIO(struct.encode())).topics[1][1] == "b"
+def test_cluster_ids_reads_the_metadata_v12_answer() -> None:
+    """The cluster id and the ids of the topics that exist, from a Metadata v12 answer sent over the admin client."""
     topic_id = uuid.uuid4()
-    response = internals.MetadataResponseV12(
+    response = MetadataResponseV12(
         0,
         [(0, "h", 9092, None, {})],
         "the-cluster",
@@ -147,7 +149,7 @@ def test_metadata_v12_carries_the_cluster_and_topic_ids() -> None:
         ],
         {},
     )
-    decoded = internals.MetadataResponseV12.decode(BytesIO(response.encode()))
+    decoded = MetadataResponseV12.decode(BytesIO(response.encode()))
 
     class Admin:
         async def _send_request(self, _request: Any) -> Any:
@@ -275,3 +277,239 @@ def test_aiokafka_drops_a_topic_its_metadata_answer_gives_an_error_for() -> None
         MetadataResponse_v1(broker, 0, [(LeaderNotAvailableError.errno, "raw", False, [])])
     )
     assert cluster.partitions_for_topic("raw") is None
+
+
+# -- eos-v2: TxnOffsetCommit v3 through one producer's sender ---------------------------------------
+
+GROUP = GroupMetadata("g", 4, "member-1", None)
+
+
+def _in_transaction(producer: AIOKafkaProducer) -> Any:
+    """The producer's transaction manager with a transaction open that holds a partition and the group."""
+    manager = producer._txn_manager
+    manager.set_pid_and_epoch(7, 2)
+    manager.begin_transaction()
+    manager.maybe_add_partition_to_txn(TP)
+    manager.partition_added(TP)
+    manager.consumer_group_added(GROUP.group_id)
+    return manager
+
+
+async def _queued(producer: AIOKafkaProducer, offsets: dict[TopicPartition, int]) -> asyncio.Task[None]:
+    """send_offsets_with_group_metadata started: its offsets queued in the transaction manager."""
+    task = asyncio.ensure_future(internals.send_offsets_with_group_metadata(producer, offsets, GROUP))
+    await asyncio.sleep(0)
+    return task
+
+
+def _v3_answer(*codes: int) -> Any:
+    """A TxnOffsetCommit v3 answer for partitions 0.. of topic t, with these error codes."""
+    return SimpleNamespace(topics=[("t", [(p, code, {}) for p, code in enumerate(codes)], {})])
+
+
+def _handler(producer: AIOKafkaProducer) -> Any:
+    """The v3 handler the hook would build for the offsets now queued."""
+    offsets, group_id = producer._txn_manager.offsets_to_commit()
+    return internals._TxnOffsetCommitV3Handler(producer._sender, offsets, group_id)
+
+
+async def test_the_hook_is_this_producers_own_and_aiokafkas_sender_looks_it_up_on_the_instance() -> None:
+    """Only the producer offsets were sent through learns v3; aiokafka's sender calls ``self._do_txn_offset_commit``
+    (an instance attribute shadows the method), and another producer's sender keeps aiokafka's."""
+    assert "self._do_txn_offset_commit(offsets, group_id)" in inspect.getsource(
+        aiokafka_sender.Sender._maybe_do_transactional_request
+    )
+    producer, other = _transactional(), _transactional()
+    try:
+        _in_transaction(producer)
+        task = await _queued(producer, {TP: 5})
+        assert isinstance(vars(producer._sender)["_do_txn_offset_commit"], internals._GroupOffsetCommit)
+        assert "_do_txn_offset_commit" not in vars(other._sender)
+        task.cancel()
+    finally:
+        await producer.stop()
+        await other.stop()
+
+
+async def test_the_v3_request_carries_the_producer_and_the_group_metadata() -> None:
+    """The request is built from the transaction manager's id and epoch and the queued offsets' group metadata."""
+    producer = _transactional()
+    try:
+        _in_transaction(producer)
+        task = await _queued(producer, {TP: 5, TopicPartition("t", 1): 6})
+        struct = _handler(producer).create_request().prepare({28: (0, 5)})
+        assert (struct.API_VERSION, struct.transactional_id, struct.producer_id, struct.producer_epoch) == (
+            3,
+            "pinned",
+            7,
+            2,
+        )
+        assert (struct.group_id, struct.generation_id, struct.member_id) == ("g", 4, "member-1")
+        assert struct.topics == [("t", [(0, 5, -1, "", {}), (1, 6, -1, "", {})], {})]
+        task.cancel()
+    finally:
+        await producer.stop()
+
+
+async def test_offsets_the_coordinator_takes_complete_the_call() -> None:
+    """An answer without errors marks each offset committed; the caller's await returns."""
+    producer = _transactional()
+    try:
+        manager = _in_transaction(producer)
+        task = await _queued(producer, {TP: 5})
+        assert _handler(producer).handle_response(_v3_answer(0)) is None
+        await task
+        assert manager.state is TransactionState.IN_TRANSACTION
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.parametrize(
+    "code", [22, 25, 82], ids=["illegal-generation", "unknown-member", "fenced-instance"]
+)
+async def test_offsets_refused_for_the_generation_leave_a_transaction_that_aborts_on_the_broker(
+    code: int,
+) -> None:
+    """A refusal for the group metadata fails the call and the commit with GroupGenerationFencedError; the
+    transaction keeps its partitions and group, so abort_transaction sends an EndTxn (it is not local)."""
+    producer = _transactional()
+    try:
+        manager = _in_transaction(producer)
+        task = await _queued(producer, {TP: 5})
+        assert _handler(producer).handle_response(_v3_answer(code)) is None
+        with pytest.raises(GroupGenerationFencedError, match=f"error {code}"):
+            await task
+        assert manager.state is TransactionState.ABORTABLE_ERROR
+        assert not internals.abort_would_be_local(producer)
+        with pytest.raises(GroupGenerationFencedError):
+            await producer.commit_transaction()
+        assert not manager.is_in_transaction()  # what makes send and send_batch raise IllegalOperation
+        manager.aborting_transaction()  # what abort_transaction does first: allowed from ABORTABLE_ERROR
+        assert manager.needs_transaction_commit() == TransactionResult.ABORT
+        assert not manager.is_empty_transaction()  # aiokafka's sender sends EndTxn(ABORT) for it
+    finally:
+        await producer.stop()
+
+
+async def test_a_consumer_in_no_generation_commits_nothing() -> None:
+    """Group metadata without a generation (not joined, or forgotten by the coordinator) would be taken as a
+    plain v0 commit by the coordinator: refused before it is sent, the transaction left abortable."""
+    producer = _transactional()
+    try:
+        manager = _in_transaction(producer)
+        with pytest.raises(GroupGenerationFencedError, match="in no generation"):
+            await internals.send_offsets_with_group_metadata(
+                producer, {TP: 5}, GroupMetadata("g", -1, "", None)
+            )
+        assert manager.state is TransactionState.ABORTABLE_ERROR
+        assert manager.offsets_to_commit() is None
+    finally:
+        await producer.stop()
+
+
+async def test_a_coordinator_elsewhere_is_found_again_and_a_fence_kills_the_sender() -> None:
+    """NOT_COORDINATOR: the group coordinator is forgotten and the offsets sent again after the backoff;
+    INVALID_PRODUCER_EPOCH and PRODUCER_FENCED raise ProducerFenced (the sender dies of it, as for aiokafka's own)."""
+    producer = _transactional()
+    try:
+        _in_transaction(producer)
+        task = await _queued(producer, {TP: 5})
+        producer._sender._coordinators[CoordinationType.GROUP] = 0
+        assert _handler(producer).handle_response(_v3_answer(NotCoordinatorForGroupError.errno)) == 0.1
+        assert CoordinationType.GROUP not in producer._sender._coordinators
+        assert _handler(producer).handle_response(_v3_answer(14)) == 0.1  # loading: again
+        for code in (47, 90):
+            with pytest.raises(ProducerFenced):
+                _handler(producer).handle_response(_v3_answer(code))
+        task.cancel()
+    finally:
+        await producer.stop()
+
+
+async def test_offsets_sent_plainly_still_go_as_aiokafkas_v0() -> None:
+    """Offsets queued by ``send_offsets_to_transaction`` on a hooked producer go through aiokafka's own method."""
+    producer = _transactional()
+    try:
+        _in_transaction(producer)
+        hooked = await _queued(producer, {TP: 5})
+        plain: list[Any] = []
+
+        async def aiokafkas(offsets: Any, group_id: str) -> None:
+            plain.append((dict(offsets), group_id))
+
+        hook = internals._GroupOffsetCommit(producer._sender, aiokafkas)
+        await hook({TP: OffsetAndMetadata(3, "")}, "g")
+        assert plain == [({TP: OffsetAndMetadata(3, "")}, "g")]
+        hooked.cancel()
+    finally:
+        await producer.stop()
+
+
+def test_what_the_hook_relies_on_in_aiokafkas_transaction_manager_and_handler() -> None:
+    """The manager queues the offsets object itself (the hook finds its group metadata on it), keeps its waiter
+    and pending offsets where _fail_abortable reaches them, and the handler takes (sender, offsets, group id)."""
+    assert list(inspect.signature(aiokafka_sender.TxnOffsetCommitHandler).parameters) == [
+        "sender",
+        "offsets",
+        "group_id",
+    ]
+    source = inspect.getsource(TransactionManager)
+    for name in (
+        "self._pending_txn_offsets.append((group_id, offsets, fut))",
+        "self._transaction_waiter = create_future()",
+        "def _transition_to(self, target)",
+        "self._transaction_waiter.result()",
+    ):
+        assert name in source, name
+    assert "CoordinationType.GROUP, group_id" in inspect.getsource(
+        aiokafka_sender.Sender._do_txn_offset_commit
+    )
+
+
+def test_group_metadata_reads_the_coordinators_generation_member_and_instance() -> None:
+    """The group metadata is the coordinator's fields now; a consumer without a group coordinator has none."""
+    assert "self._group_instance_id = group_instance_id" in inspect.getsource(GroupCoordinator.__init__)
+    coordinator = SimpleNamespace(group_id="g", generation=9, member_id="m-1", _group_instance_id="i-1")
+    consumer: Any = SimpleNamespace(_coordinator=coordinator)
+    assert internals.group_metadata(consumer) == GroupMetadata("g", 9, "m-1", "i-1")
+    with pytest.raises(PipelineError, match="no group coordinator"):
+        internals.group_metadata(SimpleNamespace(_coordinator=None))
+
+
+async def test_kafka_client_is_the_client_under_a_producer_a_consumer_or_an_admin() -> None:
+    """A producer's ``client``, a consumer's and an admin client's ``_client``; an AIOKafkaClient itself."""
+    producer = _transactional()
+    consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+    admin = AIOKafkaAdminClient(bootstrap_servers="127.0.0.1:1")
+    try:
+        assert internals.kafka_client(producer) is producer.client
+        assert internals.kafka_client(consumer) is consumer._client
+        assert internals.kafka_client(admin) is admin._client
+        assert internals.kafka_client(producer.client) is producer.client
+        with pytest.raises(PipelineError):
+            internals.kafka_client(object())
+    finally:
+        await producer.stop()
+        await consumer.stop()
+        await admin.close()
+
+
+async def test_group_request_finds_the_coordinator_then_sends_through_it() -> None:
+    """A group request waits for the coordinator to be known, then goes through the coordinator's ``_send_req``."""
+    calls: list[str] = []
+
+    async def ensure() -> None:
+        calls.append("ensure")
+
+    async def send_req(request: Any) -> str:
+        calls.append(f"send {request}")
+        return "answer"
+
+    coordinator = SimpleNamespace(generation=1, ensure_coordinator_known=ensure, _send_req=send_req)
+    coordinator.coordinator_dead = lambda: calls.append("dead")
+    consumer: Any = SimpleNamespace(_coordinator=coordinator)
+    assert await internals.group_request(consumer, "req") == "answer"
+    internals.group_coordinator_moved(consumer)
+    assert calls == ["ensure", "send req", "dead"]
+    assert callable(GroupCoordinator.ensure_coordinator_known)
+    assert callable(GroupCoordinator.coordinator_dead)

@@ -8,13 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
-from pipeline.errors import StateDirInUseError, StoreError, StoreIdentityError
+from pipeline.errors import StateDirInUseError, StoreError, StoreIdentityError, StoreStaleError
 from pipeline.state import directory
 from pipeline.state.decision import Entry
-from pipeline.state.restore import RestoreBudget
+from pipeline.state.restore import RestoreBudget, catch_up
 from pipeline.state.store import Change, PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import load
@@ -22,6 +25,16 @@ from tests.unit.worker.fakes import TOPOLOGY_PATH
 
 HOUR = 3_600_000
 OURS = StoreIdentity("app", "group", "raw", 0, "changelog", "cluster-a", "topic-1")
+CHANGELOG = TopicPartition("changelog", 0)
+
+
+def _reader_ending_at(end: int) -> Any:
+    """A changelog reader that only knows the changelog's end."""
+
+    async def end_of(_tp: TopicPartition) -> int:
+        return end
+
+    return SimpleNamespace(end=end_of, fetch_bytes=1024)
 
 
 def _claimed_store(path: Path, identity: StoreIdentity) -> None:
@@ -91,6 +104,40 @@ def test_rebuild_empties_the_store_it_is_given(tmp_path: Path) -> None:
         assert fresh.get_many([b"k"]) == {}
     finally:
         fresh.close()
+
+
+async def test_a_released_store_says_what_it_left_on_disk(tmp_path: Path) -> None:
+    """Released, a store reports the offset it keeps on disk once checked against its changelog's end (None
+    before: it may lie beyond it); released with a wipe, -1 (nothing), and it is gone."""
+    unchecked, kept, wiped = tmp_path / "unchecked", tmp_path / "kept", tmp_path / "wiped"
+    for path in (unchecked, kept, wiped):
+        _claimed_store(path, OURS)
+    store = directory.open_store(unchecked, bucket_ms=HOUR, identity=OURS)
+    assert directory.release(store, wipe=False, name="p0") is None
+    assert directory.holds_store(unchecked)
+    store = directory.open_store(kept, bucket_ms=HOUR, identity=OURS)
+    assert await catch_up(store, CHANGELOG, reader=_reader_ending_at(8)) == (0, 8)  # level with the changelog
+    assert directory.release(store, wipe=False, name="p1") == 7
+    store = directory.open_store(wiped, bucket_ms=HOUR, identity=OURS)
+    assert directory.release(store, wipe=True, name="p2") == -1
+    assert not directory.holds_store(wiped)
+
+
+async def test_a_store_beyond_its_changelogs_end_is_never_checked(tmp_path: Path) -> None:
+    """A store at offset 7 of a changelog that ends at 5 is stale: the check raises and leaves it unchecked."""
+    _claimed_store(tmp_path / "s", OURS)
+    store = directory.open_store(tmp_path / "s", bucket_ms=HOUR, identity=OURS)
+    with pytest.raises(StoreStaleError, match="beyond the end"):
+        await catch_up(store, CHANGELOG, reader=_reader_ending_at(5))
+    assert not store.checked
+    assert directory.release(store, wipe=False, name="p0") is None
+
+
+def test_an_empty_store_is_checked_from_the_start(tmp_path: Path) -> None:
+    """A new (or wiped and made again) store holds nothing, which lies within any changelog: it claims -1."""
+    store = directory.open_store(tmp_path / "s", bucket_ms=HOUR, identity=OURS)
+    assert store.checked
+    assert directory.release(store, wipe=False, name="p0") == -1
 
 
 async def test_restores_share_a_budget_in_bytes() -> None:
@@ -211,6 +258,24 @@ def test_a_store_reopened_to_be_served_keeps_what_it_followed(tmp_path: Path) ->
         assert served.changelog_offset == 3
     finally:
         served.close()
+
+
+async def test_a_store_restored_then_reopened_to_be_served_stays_checked(tmp_path: Path) -> None:
+    """The restore checks the store it follows; the store reopened to be served keeps that, so the partition's
+    position is claimed when it closes (an unchecked store is not)."""
+    _claimed_store(tmp_path / "s", OURS)
+    store = directory.open_store(tmp_path / "s", bucket_ms=HOUR, identity=OURS, follow=True)
+    await catch_up(store, CHANGELOG, reader=_reader_ending_at(8))  # level
+    served = directory.reopen(store, identity=OURS, follow=False)
+    assert served.checked
+    assert directory.release(served, wipe=False, name="p0") == 7
+    unchecked = directory.reopen(
+        directory.open_store(tmp_path / "s", bucket_ms=HOUR, identity=OURS, follow=True),
+        identity=OURS,
+        follow=False,
+    )
+    assert not unchecked.checked
+    unchecked.close()
 
 
 def test_reopening_checks_the_identity_again(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""A standby replica on its own: a failure it did not expect is retried, and never leaves its task."""
+"""A standby replica on its own: a failure it did not expect is retried, and what it says its store holds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from pipeline.errors import StoreError
+from pipeline.errors import StoreError, StoreStaleError, StoreUnusableError
 from pipeline.state.store import PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker import standby as standby_module
@@ -95,3 +95,51 @@ async def test_a_store_closed_after_a_failed_round_is_released_while_the_standby
         PartitionStore.open(path, bucket_ms=3_600_000, identity=IDENTITY).close()  # not StoreLockedError
     finally:
         await standby.close()
+
+
+async def test_a_standby_whose_wiped_store_cannot_be_made_again_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at offset 30,000 found stale is wiped for a rebuild, and opening it again fails: the standby says
+    its store holds nothing (-1), never the offset the wiped store had."""
+    at = tmp_path / "s"
+    store = PartitionStore.open(at, bucket_ms=3_600_000, identity=IDENTITY)
+    store.write_raw([(b"k", b"v", 2 * 3_600_000)], changelog_offset=30_000, stream_time=1)
+    store.close()
+    opens: list[Path] = []
+
+    def opener(
+        path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
+    ) -> PartitionStore:
+        opens.append(path)
+        if len(opens) > 1:
+            raise StoreUnusableError(f"store {path} cannot be created: no space left on device")
+        return PartitionStore.open(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+    async def catch_up(store: PartitionStore, changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        raise StoreStaleError(f"store {store.path} is beyond the end of {changelog}")
+
+    async def reader() -> Any:
+        return object()
+
+    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 0.01)
+    standby = Standby(
+        TP,
+        changelog=CHANGELOG,
+        identity=IDENTITY,
+        path=at,
+        bucket_ms=3_600_000,
+        reader=reader,
+        opener=opener,
+    )
+    standby.start()
+    try:
+        for _ in range(200):
+            if len(opens) >= 3:  # the rebuild's open failed, and a retry's too
+                break
+            await asyncio.sleep(0.01)
+        assert len(opens) >= 3
+        assert standby.stored == -1
+    finally:
+        assert await standby.close() == -1
