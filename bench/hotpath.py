@@ -37,9 +37,11 @@ from bench.lib.topology_file import write_topology
 from bench.lib.workload import make_stream, source_headers
 from pipeline.cli import tune_gc
 from pipeline.kafka.partitioner import KeyPartitioner
+from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.transactional import TransactionalProducer
+from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.store import PartitionStore, bucket_width
-from pipeline.state.transaction import PartitionTransaction
+from pipeline.state.transaction import Transaction
 from pipeline.topology import load
 from pipeline.worker.classify import Classifier
 from pipeline.worker.emitter import OutputTopics
@@ -52,6 +54,10 @@ BATCH = 2000
 class _Sent:
     def __init__(self, offset: int) -> None:
         self.offset = offset
+
+
+async def _offsets(producer: Any, offsets: Any, group: GroupMetadata) -> None:
+    await producer.send_offsets_to_transaction(offsets, group.group_id)
 
 
 class StandInProducer:
@@ -114,18 +120,18 @@ async def run(records: list[ConsumerRecord[bytes, bytes]], topology_path: Path, 
     tp = TopicPartition(topics.input, 0)
     store = PartitionStore.open(state, bucket_ms=bucket_width(7 * 86_400_000))
     producer = StandInProducer()
+    txn = Transaction(
+        TransactionalProducer(producer, "hotpath", send_offsets=_offsets),
+        group=lambda: GroupMetadata("hotpath", 1, "member", None),
+    )
     checkpoint = PartitionTransaction(
-        tp=tp,
-        group="hotpath",
-        producer=TransactionalProducer(producer, "hotpath-0"),
-        store=store,
-        changelog=TopicPartition(topics.changelog, 0),
+        tp=tp, txn=txn, store=store, changelog=TopicPartition(topics.changelog, 0)
     )
     processor = EventStage(tp=tp, topology=topology, classifier=classifier, txn=checkpoint, outputs=outputs)
     started = time.process_time()
     for start in range(0, len(records), BATCH):
         await processor.handle(records[start : start + BATCH], {})
-        await checkpoint.commit()
+        await txn.commit()
     elapsed = time.process_time() - started
     store.close()
     unique = len({r.key for r in records})

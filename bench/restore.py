@@ -62,7 +62,7 @@ from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state import directory
 from pipeline.state.decision import Entry
 from pipeline.state.replay import Replay
-from pipeline.state.restore import RestoreBudget, restore
+from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 
@@ -196,16 +196,18 @@ async def run_worker(
 ) -> int:
     """Every partition at once under the budget, as the worker restores them: each store opened to follow
     its changelog, then reopened to be served (``stores`` is updated in place)."""
-    budget = RestoreBudget(budget_bytes)
+    reader = ChangelogReader(bootstrap, fetch_bytes=max(fetch_bytes // 2, 1))
+    restorer = Restorer(lambda: reader, RestoreBudget(budget_bytes), fetch_bytes=fetch_bytes)
 
     async def one(p: int) -> int:
-        applied = await restore(
-            stores[p], TopicPartition(topic, p), bootstrap=bootstrap, fetch_bytes=fetch_bytes, budget=budget
-        )
+        applied = await restorer.restore(stores[p], TopicPartition(topic, p))
         stores[p] = directory.reopen(stores[p], identity=_identity(topic, p), follow=False)
         return applied
 
-    return sum(await asyncio.gather(*(one(p) for p in range(len(stores)))))
+    try:
+        return sum(await asyncio.gather(*(one(p) for p in range(len(stores)))))
+    finally:
+        await restorer.close()
 
 
 async def run_before(

@@ -3,7 +3,8 @@
 :class:`ConsumerGroup` is the real :class:`~pipeline.worker.io.GroupLink`: the committed offsets
 a new owner starts from (read *stable*: a transaction that holds offsets for the partition and
 has not ended yet is waited for, instead of the older offsets being read), whether the group
-still counts this worker a member of its generation, and a rejoin on request. Each is a door
+still counts this worker a member of its generation, the generation a transaction's offsets
+carry, and a rejoin on request. Each is a door
 of :mod:`pipeline.kafka.internals`.
 """
 
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.kafka import internals
+from pipeline.kafka.requests import GroupMetadata
+from pipeline.kafka.stable_offsets import committed_stable
 
 
 class ConsumerGroup:
@@ -24,12 +27,11 @@ class ConsumerGroup:
 
     async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None: none), waiting out pending transactions."""
-        wanted = list(partitions)
-        stable = getattr(internals, "committed_stable", None)
-        if stable is not None:
-            found: dict[TopicPartition, int | None] = await stable(self.consumer, wanted)
-            return found
-        return {tp: await self.consumer.committed(tp) for tp in wanted}
+        return await committed_stable(self.consumer, partitions)
+
+    def metadata(self) -> GroupMetadata:
+        """The group, generation, member id and group instance id the consumer holds now."""
+        return internals.group_metadata(self.consumer)
 
     async def member(self) -> bool | None:
         """Whether the coordinator still counts this worker a member of its generation (None: unknown)."""

@@ -207,12 +207,7 @@ async def fetch_raw(
     batches come back as bytes for aiokafka's C reader, not as ``ConsumerRecord`` objects.
     """
     client: Any = consumer._client
-    leader = client.cluster.leader_for_partition(tp)
-    if leader is None or leader == -1:
-        await client.add_topic(tp.topic)
-        leader = client.cluster.leader_for_partition(tp)
-        if leader is None or leader == -1:
-            raise NotLeaderForPartitionError(f"no leader for {tp}")
+    leader = await _leader(client, tp)
     request = FetchRequest(
         FETCH_WAIT_MS,
         1,
@@ -235,19 +230,31 @@ async def fetch_raw(
 
 LATEST = -1
 READ_UNCOMMITTED = 0
+METADATA_TRIES = 3
+
+
+async def _leader(client: Any, tp: TopicPartition) -> int:
+    """``tp``'s leader in ``client``'s metadata, asked for when unknown: the topic is tracked from now on, and
+    a metadata update already under way (begun without it) is followed by one more."""
+    for _ in range(METADATA_TRIES):
+        leader = client.cluster.leader_for_partition(tp)
+        if leader is not None and leader != -1:
+            return int(leader)
+        if tp.topic in client._topics:
+            await client.force_metadata_update()
+        else:
+            await client.add_topic(tp.topic)
+    raise NotLeaderForPartitionError(f"no leader for {tp}")
 
 
 async def log_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
     """``tp``'s high watermark (ListOffsets, latest, read_uncommitted) through ``consumer``'s connections:
     records of transactions still open count, unlike in the consumer's own ``end_offsets``."""
     client: Any = consumer._client
-    leader = client.cluster.leader_for_partition(tp)
-    if leader is None or leader == -1:
-        await client.add_topic(tp.topic)
-        leader = client.cluster.leader_for_partition(tp)
-        if leader is None or leader == -1:
-            raise NotLeaderForPartitionError(f"no leader for {tp}")
-    response = await client.send(leader, OffsetRequest(-1, READ_UNCOMMITTED, [(tp.topic, [(tp.partition, LATEST)])]))
+    leader = await _leader(client, tp)
+    response = await client.send(
+        leader, OffsetRequest(-1, READ_UNCOMMITTED, [(tp.topic, [(tp.partition, LATEST)])])
+    )
     for _topic, partitions in response.topics:
         for partition, error_code, _timestamp, offset, *_ in partitions:
             if partition == tp.partition:

@@ -1,4 +1,4 @@
-"""One partition's transactional producer, with aiokafka's failure modes turned into three answers.
+"""The worker's transactional producer, with aiokafka's failure modes turned into three answers.
 
 aiokafka reports the same condition in several shapes: a fence is a ``ProducerFenced``
 from a send's future, from ``commit_transaction`` or from ``abort_transaction``; once its
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -33,16 +33,23 @@ from aiokafka.errors import IllegalOperation, KafkaError, ProducerFenced
 
 from pipeline.errors import ProducerFencedError, ProducerUnusableError
 from pipeline.kafka import internals
+from pipeline.kafka.requests import GroupMetadata
 
 log = logging.getLogger(__name__)
 
+#: How offsets reach the transaction (TxnOffsetCommit v3 with the group's metadata, by default).
+SendOffsets = Callable[[AIOKafkaProducer, Mapping[TopicPartition, int], GroupMetadata], Awaitable[None]]
+
 
 class TransactionalProducer:
-    """A started-once transactional producer for one partition (see the module docstring)."""
+    """A started-once transactional producer (see the module docstring)."""
 
-    def __init__(self, producer: AIOKafkaProducer, name: str) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, name: str, *, send_offsets: SendOffsets | None = None
+    ) -> None:
         self._producer = producer
         self.name = name
+        self._send_offsets = send_offsets or internals.send_offsets_with_group_metadata
         self.fenced = False
         self.needs_replacing = False  # a batch was refused outright: see the module docstring
 
@@ -93,8 +100,11 @@ class TransactionalProducer:
             self.needs_replacing = True
         return error
 
-    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group: str) -> None:
-        await self._settle(self._producer.send_offsets_to_transaction(dict(offsets), group))
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int], group: GroupMetadata) -> None:
+        """The consumer offsets into the open transaction, with the group's generation and member id
+        (TxnOffsetCommit v3): a worker the group has moved on from is refused with
+        :class:`~pipeline.errors.GroupGenerationFencedError`, and the transaction can then only abort."""
+        await self._settle(self._send_offsets(self._producer, offsets, group))
 
     async def commit(self) -> None:
         await self._settle(self._producer.commit_transaction())

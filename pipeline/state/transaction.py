@@ -24,7 +24,7 @@ raises, and every part is reset):
 - :class:`~pipeline.errors.ProducerFencedError`, :class:`~pipeline.errors.ProducerUnusableError`:
   this producer is done (the caller replaces it);
 - :class:`~pipeline.errors.GroupGenerationFencedError`: the group no longer counts this worker a member
-  of the generation its offsets carry: aborted, and the worker rejoins;
+  of the generation its offsets carry (taken as the transaction opened): aborted, and the worker rejoins;
 - :class:`TransactionFailedError`: the broker refused the transaction, which was aborted:
   redo its records;
 - a part's :class:`~pipeline.errors.StoreError` after the Kafka commit is not raised but
@@ -39,18 +39,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import IllegalTransitionError, PipelineError, StoreError
+from pipeline.errors import GroupGenerationFencedError, IllegalTransitionError, PipelineError, StoreError
 from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
+from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.kafka.transactional import TransactionalProducer
-
-if TYPE_CHECKING:
-    from pipeline.state.partition_transaction import PartitionTransaction
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +91,24 @@ TXN_TRANSITIONS: Mapping[TxnState, frozenset[TxnState]] = {
 }
 
 
+class Part(Protocol):
+    """A partition's part of the transaction (:class:`~pipeline.state.partition_transaction.PartitionTransaction`)."""
+
+    tp: TopicPartition
+    changelog_slot: Slot
+    first_offset: int | None
+    next_offset: int | None
+    records: int
+
+    def apply(self, changelog_offset: int | None) -> PartCommitted:
+        """Write the committed part to its store."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what was staged."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class PartCommitted:
     """What one part's commit did: its input records, the keys expiry dropped, its store's failure."""
@@ -116,21 +132,22 @@ class Transaction:
         self,
         producer: TransactionalProducer,
         *,
-        group: str,
+        group: Callable[[], GroupMetadata],
         limits: Mapping[str, int] | None = None,
         timestamps: Mapping[str, tuple[int, int]] | None = None,
         send_bytes: int = SEND_BYTES,
         wall: Callable[[], float] | None = None,
     ) -> None:
         self.producer = producer
-        self.group = group
+        self.group = group  # the group's generation and member ids now: taken as a transaction opens
+        self._member: GroupMetadata | None = None  # ... by the open transaction
         self.limits: Mapping[str, int] = limits or {}  # topic -> largest record it takes
         self.timestamps: Mapping[str, tuple[int, int]] = timestamps or {}  # topic -> (before, after) ms
         self.send_bytes = send_bytes
         self.wall = wall or _wall
         self.state = TxnState.IDLE
         self.opened_at = 0.0
-        self.parts: dict[TopicPartition, PartitionTransaction] = {}  # the parts in the open transaction
+        self.parts: dict[TopicPartition, Part] = {}  # the parts in the open transaction
         self._batches: dict[Slot, Any] = {}
         self._full: list[tuple[Slot, Any]] = []
         self._futures: list[asyncio.Future[Any]] = []
@@ -159,10 +176,12 @@ class Transaction:
         )
 
     # -- writes --------------------------------------------------------------------------
-    async def join(self, part: PartitionTransaction) -> None:
+    async def join(self, part: Part) -> None:
         """Open the transaction if none is open, and count ``part`` in it."""
         if self.state is TxnState.IDLE:
+            member = self.group()
             await self.producer.begin()
+            self._member = member
             self._move(TxnState.OPEN)
             self.opened_at = time.monotonic()
         self.parts[part.tp] = part
@@ -270,12 +289,15 @@ class Transaction:
         try:
             await self._flush()
             offsets = {p.tp: p.next_offset for p in parts if p.next_offset is not None}
-            if offsets:
-                await self.producer.send_offsets(offsets, self.group)
+            if offsets and self._member is not None:
+                await self.producer.send_offsets(offsets, self._member)
             await self.producer.commit()
         except KafkaError as exc:
             await self.abort()
             raise TransactionFailedError(f"transaction aborted: {exc!r}") from exc
+        except GroupGenerationFencedError:
+            await self.abort()  # the broker holds it open, abortable: only an abort ends it
+            raise
         except BaseException:
             self._reset()
             raise
@@ -306,4 +328,5 @@ class Transaction:
         for part in self.parts.values():
             part.reset()
         self.parts.clear()
+        self._member = None
         self.state = TxnState.IDLE

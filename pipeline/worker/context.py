@@ -7,7 +7,6 @@ worker; the identity, store and stage of each partition it serves are made here,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from pipeline.worker.classify import Classifier
 from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.event_stage import EventStage
+from pipeline.worker.io import wall_clock
 from pipeline.worker.metrics import Tally, WorkerMetrics
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.stage import Stage
@@ -44,7 +44,7 @@ class PartitionContext:
     topic_ids: Any = None  # Mapping[str, str]
     open_store: directory.StoreOpener = PartitionStore.open
     restorer: Restorer | None = None  # the worker's one restore service (active restores and standbys)
-    wall: Callable[[], float] = time.time  # the clock a record's time is bounded by
+    wall: Callable[[], float] = wall_clock  # the clock bounding a record's time
 
     def identity(self, tp: TopicPartition, changelog: TopicPartition) -> StoreIdentity:
         """Whose store ``tp``'s is (names), and which changelog it caches (ids)."""

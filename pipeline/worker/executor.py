@@ -173,7 +173,10 @@ class TaskExecutor:
         return outcome
 
     def _refused(
-        self, exc: TransactionFailedError, held: dict[TopicPartition, tuple[int | None, int, int | None]], tasks: Tasks
+        self,
+        exc: TransactionFailedError,
+        held: dict[TopicPartition, tuple[int | None, int, int | None]],
+        tasks: Tasks,
     ) -> PipelineError | None:
         """After a refused commit: isolate the partitions of a refusal a record caused, bisect a lone one."""
         cause = exc.__cause__ or exc
@@ -181,7 +184,9 @@ class TaskExecutor:
             "transaction of %s refused: %s; redoing from %s",
             _names(held),
             exc,
-            ", ".join(f"{tp.topic}-{tp.partition}@{first}" for tp, (first, _, _) in sorted(held.items(), key=_item)),
+            ", ".join(
+                f"{tp.topic}-{tp.partition}@{first}" for tp, (first, _, _) in sorted(held.items(), key=_item)
+            ),
         )
         if not isinstance(cause, RECORD_ERRORS):
             return None
@@ -193,7 +198,7 @@ class TaskExecutor:
             self.suspects = sorted(held, key=_order)
             log.warning("transactions hold one partition each until %s commit alone", _names(held))
             return None
-        (tp, (first, count, _)), = held.items()
+        ((tp, (first, count, _)),) = held.items()
         task = tasks.get(tp)
         if task is None or first is None:
             return None
@@ -222,7 +227,9 @@ class TaskExecutor:
     async def abort(self) -> Outcome:
         """Abort the open transaction (the worker stops after a failure): its tasks go back."""
         outcome = Outcome()
-        outcome.rewind = {tp: p.first_offset for tp, p in self.txn.parts.items() if p.first_offset is not None}
+        outcome.rewind = {
+            tp: p.first_offset for tp, p in self.txn.parts.items() if p.first_offset is not None
+        }
         try:
             await self.txn.abort()
         except (ProducerFencedError, ProducerUnusableError, KafkaError) as exc:

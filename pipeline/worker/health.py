@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
 
-from pipeline.worker.partition import Partition
+from pipeline.worker.task import ActiveTask
 
 
 class Health(NamedTuple):
@@ -30,13 +30,13 @@ STOPPED = Health(False, {"status": "stopped"}, False)
 
 def partition_health(
     assigned: Iterable[TopicPartition],
-    partitions: Mapping[TopicPartition, Partition],
+    partitions: Mapping[TopicPartition, ActiveTask],
     *,
     failed: bool,
     stopping: bool = False,
     standbys: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Health:
-    """Ready while every assigned partition is READY/COMMITTING, none is stuck, and the worker neither failed
+    """Ready while every assigned partition is READY, none is stuck, and the worker neither failed
     nor stops; alive unless it failed or a partition is stuck.
 
     ``detail`` has ``status`` (``ok``, ``not ready`` or ``unhealthy``), each assigned partition's
@@ -55,7 +55,7 @@ def partition_health(
             state = "stuck"
             stuck = True
         states[name] = state
-        if state not in ("ready", "committing"):
+        if state != "ready":
             problems.append(f"{name} is {state}")
     if failed:
         problems.append("the worker failed and is stopping")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -20,11 +20,19 @@ from pipeline.kafka import internals
 from pipeline.kafka.admin import TopicLayout, topic_layout
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.kafka.clients import STANDBY_CLIENT_ID, transactional_producer, worker_consumer
+from pipeline.kafka.fencing import fence_transactional_id
 from pipeline.kafka.group import ConsumerGroup
+from pipeline.kafka.requests import GroupMetadata
+from pipeline.kafka.transactional import SendOffsets
 from pipeline.state.directory import StoreOpener
 from pipeline.state.store import PartitionStore
 from pipeline.topology import Topology
 from pipeline.worker.settings import WorkerSettings
+
+
+def wall_clock() -> float:
+    """The system clock, read at each call (the simulation's virtual clock replaces ``time.time``)."""
+    return time.time()
 
 
 class GroupLink(Protocol):
@@ -38,6 +46,10 @@ class GroupLink(Protocol):
         """Whether the group counts this worker a member of its current generation (None: unknown)."""
         ...
 
+    def metadata(self) -> GroupMetadata:
+        """The group's generation and this member's ids now (what a transaction's offsets carry)."""
+        ...
+
     def rejoin(self) -> None:
         """Rejoin the group now."""
         ...
@@ -48,28 +60,14 @@ class WorkerIO:
     """The worker's outside world (see the module docstring)."""
 
     consumer: Callable[..., AIOKafkaConsumer]  # (settings, *, assignor) -> the group consumer
-    producer: Callable[[WorkerSettings, str, AIOKafkaConsumer], AIOKafkaProducer]  # (settings, txn id, group)
+    producer: Callable[[WorkerSettings, str], AIOKafkaProducer]  # (settings, transactional id)
     group: Callable[[AIOKafkaConsumer], GroupLink]
-    fence: Callable[[AIOKafkaProducer, str], Awaitable[None]]  # InitProducerId for a transactional id
+    fence: Callable[[AIOKafkaProducer, str], Awaitable[object]]  # InitProducerId for a transactional id
     changelog_reader: Callable[[WorkerSettings], ChangelogReader]
     layout: Callable[[str, Topology], Awaitable[TopicLayout]]
+    send_offsets: SendOffsets = internals.send_offsets_with_group_metadata  # into the open transaction
     open_store: StoreOpener = PartitionStore.open
-    wall: Callable[[], float] = time.time
-
-
-def _producer(settings: WorkerSettings, transactional_id: str, consumer: AIOKafkaConsumer) -> AIOKafkaProducer:
-    """The worker's transactional producer, its offsets sent with ``consumer``'s group generation."""
-    producer = transactional_producer(settings, transactional_id)
-    use_group = getattr(internals, "use_group_metadata", None)
-    if use_group is not None:
-        use_group(producer, consumer)
-    return producer
-
-
-async def _fence(producer: AIOKafkaProducer, transactional_id: str) -> None:
-    fence = getattr(internals, "fence_transactional_id", None)
-    if fence is not None:
-        await fence(producer, transactional_id)
+    wall: Callable[[], float] = wall_clock
 
 
 def _reader(settings: WorkerSettings) -> ChangelogReader:
@@ -83,15 +81,10 @@ def kafka_io(open_store: StoreOpener = PartitionStore.open) -> WorkerIO:
     """The real world: aiokafka clients to the settings' bootstrap servers, RocksDB stores, the system clock."""
     return WorkerIO(
         consumer=worker_consumer,
-        producer=_producer,
+        producer=transactional_producer,
         group=ConsumerGroup,
-        fence=_fence,
+        fence=fence_transactional_id,
         changelog_reader=_reader,
         layout=topic_layout,
         open_store=open_store,
     )
-
-
-def describe(value: Any) -> str:
-    """A short name for a client, in log lines."""
-    return type(value).__name__

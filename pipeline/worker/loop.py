@@ -1,61 +1,59 @@
-"""The dedupe worker: one group consumer per process feeding the partitions it owns.
+"""The dedupe worker: one group consumer, one transactional producer, one loop (Kafka Streams' StreamThread).
 
-The loop owns the consumer (fetch, seek, pause, resume): each cycle it feeds the
-fetched records to their partitions, has them handled, pauses a partition whose
-queue is full, and starts the commits that are due in the background. Which
-partitions it owns, and their opening on assignment, release on revocation and
-reopening after a failure, are :class:`~pipeline.worker.ownership.Ownership`'s;
-everything about one partition (store, producer, transaction, stage, lifecycle)
-belongs to its :class:`~pipeline.worker.partition.Partition`.
-
-A partition that cannot be opened within ``open_timeout`` stops the worker with
-one line and a non-zero exit: it never stays in the group with a partition it
-does not serve. A clean stop commits what is open; a stop after an exception
-aborts.
+Each cycle (:meth:`Worker._cycle`, under the worker's lock, which the rebalance callbacks
+take too): fetch; hand the records to their tasks (:class:`~pipeline.worker.tasks.TaskTable`);
+have the tasks handle them into the worker's one transaction
+(:class:`~pipeline.worker.executor.TaskExecutor`); commit it when it is due; apply what a
+failure asks (tasks moved back, a new producer, a rejoin); pause the tasks whose queues are
+full; reopen broken ones. A partition that cannot be served within ``open_timeout`` stops
+the worker with one line and a non-zero exit: it never stays in the group with a partition
+it does not serve. A clean stop commits what is open; a stop after an exception aborts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TypeVar
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.errors import BrokerUnavailableError, PipelineError, ProducerFencedError
 from pipeline.kafka import internals
-from pipeline.kafka.admin import topic_layout
-from pipeline.kafka.clients import worker_consumer
+from pipeline.kafka.clients import worker_transactional_id
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
-from pipeline.state.directory import StateDirLock, StoreOpener
-from pipeline.state.restore import RestoreBudget
-from pipeline.state.store import PartitionStore
+from pipeline.kafka.transactional import TransactionalProducer
+from pipeline.state.directory import StateDirLock
+from pipeline.state.restore import RestoreBudget, Restorer
+from pipeline.state.transaction import Transaction
 from pipeline.topology import CHANGELOG_MARGIN, Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.executor import Outcome, TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
+from pipeline.worker.io import WorkerIO, kafka_io
 from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import observe_lag, observe_store, warn_if_behind
-from pipeline.worker.ownership import Owned, Ownership
-from pipeline.worker.pacing import caught_up, poll_ms
-from pipeline.worker.partition import Partition
+from pipeline.worker.pacing import poll_ms
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
+from pipeline.worker.task import ActiveTask
+from pipeline.worker.tasks import TaskTable
 
 log = logging.getLogger(__name__)
 
-MARGIN_MS = int(
-    CHANGELOG_MARGIN.total_seconds() * 1000
-)  # how far the changelog's retention outlasts the largest TTL
+MARGIN_MS = int(CHANGELOG_MARGIN.total_seconds() * 1000)  # how far the changelog outlasts the largest TTL
+FENCES_ALLOWED, FENCE_WINDOW_S = 5, 60.0  # producer fences in a row, within a window, before the worker stops
+PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
 
 _T = TypeVar("_T")
-_Positions = dict[TopicPartition, tuple[Partition, int]]  # each partition and its generation
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -80,94 +78,127 @@ class Worker:
         topology: Topology,
         *,
         metrics: WorkerMetrics | None = None,
-        open_store: StoreOpener = PartitionStore.open,
+        io: WorkerIO | None = None,
     ) -> None:
         self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
-        self._open_store = open_store
+        self.io = io or kafka_io()
+        self.transactional_id = worker_transactional_id(self.settings, topology.app)
         self._dir_lock = StateDirLock(self.settings.state_dir, topology, self.settings.group)
+        self._lock = asyncio.Lock()  # one cycle, or one rebalance callback, at a time
         self._stopping = asyncio.Event()
-        self._table = Ownership(
-            self.settings,
-            self.metrics,
-            dict(self._stages()),
-            stopping=self._stopping,
-            seek=self._seek,
-            fail=self._fail,
-        )
-        self._fetch = LoopFetch(max_records=self.settings.fetch_records, snapshot=self._positions)
-        self._fatal: PipelineError | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._context: PartitionContext | None = None
-        self._standbys: StandbyReplicas | None = None
+        self._fetch = LoopFetch(max_records=self.settings.fetch_records)
         self._metadata = MetadataRefresh()
+        self._fences: list[float] = []  # when the producer was last fenced
+        self._producer_wanted = False  # a new producer must start before records are handled again
+        self._consumer: AIOKafkaConsumer | None = None
+        self._table: TaskTable | None = None
+        self._executor: TaskExecutor | None = None
+        self._restorer: Restorer | None = None
         self._http: web.AppRunner | None = None
 
-    # -- lifecycle ---------------------------------------------------------------
+    # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Take the state dir, learn the topics' partition counts, limits and ids, join the group, serve HTTP."""
+        """Take the state dir, learn the topics, start the producer (which aborts what this worker's last
+        run left open), join the group, serve HTTP."""
         self._dir_lock.acquire()
         try:
             await self._start()
         except BaseException:
-            self._dir_lock.release()
+            await self._release()
             raise
 
     async def _start(self) -> None:
-        layout = await topic_layout(self.settings.bootstrap, self.topology)
+        settings, io = self.settings, self.io
+        layout = await io.layout(settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
         outputs = OutputTopics(layout.counts, partitioner, layout.limits, layout.timestamps)
-        classifier = Classifier(
-            self.topology, partitioner, input_partitions=layout.counts[self.topology.topics.input]
+        restorer = self._restorer = Restorer(
+            lambda: io.changelog_reader(settings),
+            RestoreBudget(settings.restore_budget_bytes),
+            fetch_bytes=settings.restore_fetch_bytes,
         )
-        self._context = PartitionContext(
-            settings=self.settings,
+        context = PartitionContext(
+            settings=settings,
             topology=self.topology,
-            classifier=classifier,
+            classifier=Classifier(
+                self.topology, partitioner, input_partitions=layout.counts[self.topology.topics.input]
+            ),
             outputs=outputs,
             metrics=self.metrics,
             cluster=layout.cluster,
             topic_ids=layout.topic_ids,
-            open_store=self._open_store,
-            budget=RestoreBudget(self.settings.restore_budget_bytes),
-            member=self._member,
+            open_store=io.open_store,
+            restorer=restorer,
+            wall=io.wall,
         )
-        standbys = self._standbys = StandbyReplicas(
-            self._context, dict(self._stages()), self._served_positions, unplanned=self._metadata.missing
+        standbys = StandbyReplicas(
+            context, dict(self._stages()), self._served_positions, unplanned=self._metadata.missing
         )
         await standbys.scan()
-        consumer = worker_consumer(self.settings, assignor=standbys.assignor)
+        consumer = self._consumer = io.consumer(settings, assignor=standbys.assignor)
         try:
             await consumer.start()
         except KafkaError as exc:
-            await internals.stop_consumer(consumer)
-            raise BrokerUnavailableError(f"cannot reach Kafka at {self.settings.bootstrap}: {exc}") from None
-        self._consumer = consumer
+            raise BrokerUnavailableError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+        group = io.group(consumer)
+        producer = await self._start_producer()
+        txn = Transaction(
+            producer,
+            group=group.metadata,
+            limits=outputs.limits,
+            timestamps=outputs.timestamps,
+            send_bytes=settings.send_bytes,
+            wall=io.wall,
+        )
+        self._executor = TaskExecutor(txn, settings, self.metrics)
+        self._table = TaskTable(
+            context,
+            dict(self._stages()),
+            io=io,
+            consumer=consumer,
+            group=group,
+            txn=txn,
+            standbys=standbys,
+            fetch=self._fetch,
+        )
         self._metadata.attach(consumer)
-        self._table.attach(consumer, self._context, standbys)
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
-        if self.settings.metrics_port is not None:
-            await self._serve_http(self.settings.metrics_port, layout.counts)
+        if settings.metrics_port is not None:
+            await self._serve_http(settings.metrics_port, layout.counts)
         log.info(
-            "worker started: group %s, input %s (%s partitions)",
-            self.settings.group,
+            "worker started: group %s, input %s (%s partitions), transactional id %s",
+            settings.group,
             self.topology.topics.input,
             layout.counts[self.topology.topics.input],
+            self.transactional_id,
         )
 
+    async def _start_producer(self) -> TransactionalProducer:
+        """A started producer with this worker's transactional id (starting it aborts what an earlier one
+        with the id left open, and fences it)."""
+        producer = TransactionalProducer(
+            self.io.producer(self.settings, self.transactional_id),
+            self.transactional_id,
+            send_offsets=self.io.send_offsets,
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        return producer
+
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
+        table = self._require(self._table)
         app = worker_http.build_app(
-            lambda: {
-                (tp.topic, tp.partition): owned.part.store
-                for tp, owned in self.owned.items()
-                if owned.part.serving and owned.part.store is not None
-            },
+            table.served_stores,
             lambda topic, key: owner_partition(key, counts[topic]),
             [source for source, _ in self._stages()],
             self.metrics.registry,
             self.health,
-            self._require(self._standbys).describe,
+            table.standbys.describe,
         )
         self._http = await worker_http.serve(app, self.settings.http_host, port)
         log.info("metrics and inspect endpoint on port %s", worker_http.bound_port(self._http))
@@ -180,180 +211,168 @@ class Worker:
             stages.append((topics.effects, topics.effects_changelog))
         return stages
 
-    def standby_partitions(self) -> set[TopicPartition]:
-        """The partitions this worker keeps a standby replica of now."""
-        return set(self._standbys.held) if self._standbys is not None else set()
+    def _served_positions(self) -> dict[TopicPartition, int]:
+        return self._table.positions() if self._table is not None else {}
 
-    @property
-    def owned(self) -> dict[TopicPartition, Owned]:
-        """The partitions this worker owns now (:class:`~pipeline.worker.ownership.Ownership` changes it)."""
-        return self._table.owned
-
+    # -- the group's word ----------------------------------------------------------------
     async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """The group takes ``revoked`` away (at the start of every rebalance)."""
-        await self._table.partitions_revoked(revoked)
+        """The group takes ``revoked`` away: the open transaction commits (or aborts) for every partition
+        in it at once, then the revoked tasks close."""
+        table = self._require(self._table)
+        async with self._lock:
+            if not self._producer_wanted:
+                await self._settle(await self._require(self._executor).commit(table.tasks))
+            else:
+                await self._settle(await self._require(self._executor).abort())
+            await table.revoked(revoked)
 
     async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """The group gives this worker ``assigned`` (at the end of every rebalance)."""
-        await self._table.partitions_assigned(assigned)
+        """The group gives this worker ``assigned``: each new partition opens in the background."""
+        async with self._lock:
+            await self._require(self._table).assigned(assigned)
 
+    # -- the loop ------------------------------------------------------------------------
     def stop(self) -> None:
-        """Ask the loop to finish its transactions and exit."""
+        """Ask the loop to finish its transaction and exit."""
         self._stopping.set()
         self._fetch.wake()
 
+    @property
+    def tasks(self) -> dict[TopicPartition, ActiveTask]:
+        """The partitions this worker serves or opens now, and their tasks."""
+        return dict(self._table.tasks) if self._table is not None else {}
+
+    def standby_partitions(self) -> set[TopicPartition]:
+        """The partitions this worker keeps a standby replica of now."""
+        return set(self._table.standbys.held) if self._table is not None else set()
+
     def health(self) -> Health:
         """Ready when every assigned partition is served and none is stuck; alive unless stuck or failed."""
-        consumer = self._consumer
-        if consumer is None:
+        consumer, table = self._consumer, self._table
+        if consumer is None or table is None:
             return STOPPED
-        parts = {tp: owned.part for tp, owned in self.owned.items()}
-        standbys = self._standbys.describe() if self._standbys is not None else None
         return partition_health(
             consumer.assignment(),
-            parts,
-            failed=self._fatal is not None,
+            table.tasks,
+            failed=table.failure is not None,
             stopping=self._stopping.is_set(),
-            standbys=standbys,
+            standbys=table.standbys.describe(),
         )
 
     async def run(self) -> None:
         """Consume, decide and commit until stopped; commit what is open (abort after a failure)."""
-        consumer = self._require(self._consumer)
+        table = self._require(self._table)
         clean = False
         try:
             while not self._stopping.is_set():
-                if self._fatal is not None:
-                    raise self._fatal
-                await self._cycle(consumer)
+                if table.failure is not None:
+                    raise table.failure
+                await self._cycle()
             clean = True
         finally:
             await self._shutdown(commit=clean)
 
-    async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
-        """One fetch, the records fed to their partitions, handled, and the due commits started."""
-        parts = [owned.part for owned in self.owned.values()]
-        wait = poll_ms(parts, commit_interval=self.settings.commit_interval)
-        hurry = self._stopping.is_set() or self._fatal is not None
-        batches, before = await self._fetch.next(consumer, wait, hurry=hurry)
-        for tp, records in batches.items():
-            owned = self.owned.get(tp)
-            if owned is None or not owned.part.serving:
-                continue  # not ours, or not positioned yet: fetched again after its seek
-            part = owned.part
-            if before.get(tp) != (part, part.generation):
-                # a failed commit moved this partition back while we fetched: what came is stale
-                # (or already from the new position, so move there once more)
-                self._seek(tp, part.rewound_to)
-                continue
-            part.feed(records)
-            self._backpressure(owned)
-        for owned in list(self.owned.values()):
-            if owned.part.can_work:
-                await owned.part.work()
-                self._backpressure(owned)
-                observe_lag(self.metrics, consumer, owned.part)
-        if self.settings.commit_policy == "caught-up":
-            for tp, owned in self.owned.items():
-                owned.part.set_caught_up(caught_up(consumer, owned.part, fetched=tp in batches))
-        self._commit_due()
-        await self._table.reap()
-        self._table.watch()
-        self._require(self._standbys).observe()
-        await asyncio.sleep(0)  # a fetch with nothing to wait for returns at once: let the commits run
-
-    async def _member(self) -> bool | None:
-        """Whether the group still counts this worker a member of its generation (None: not known)."""
-        consumer = self._consumer
-        return None if consumer is None else await internals.generation_current(consumer)
-
-    def _served_positions(self) -> dict[TopicPartition, int]:
-        """The changelog position of each open store of a partition this worker serves (for its group)."""
-        return {
-            tp: owned.part.store.changelog_offset
-            for tp, owned in self.owned.items()
-            if owned.part.store is not None and not owned.part.store.closed
-        }
-
-    def _positions(self) -> _Positions:
-        """Each partition and its generation, as a fetch begins (records of an older one are stale)."""
-        return {tp: (owned.part, owned.part.generation) for tp, owned in self.owned.items()}
-
-    def _backpressure(self, owned: Owned) -> None:
-        """Pause a partition whose queue reached ``fetch_records`` or ``queue_bytes``; resume it once it drains."""
-        consumer = self._require(self._consumer)
-        part = owned.part
-        tp = part.tp
-        if tp not in consumer.assignment():
-            return
-        full = (
-            len(part.queue) >= self.settings.fetch_records or part.queued_bytes >= self.settings.queue_bytes
+    async def _cycle(self) -> None:
+        """One fetch; the records handled into the transaction; the commit when due; the upkeep."""
+        consumer, table, executor = (
+            self._require(self._consumer),
+            self._require(self._table),
+            self._require(self._executor),
         )
-        if full and not owned.paused:
-            consumer.pause(tp)
-            owned.paused = True
-        elif not full and owned.paused:
-            owned.paused = False
-            consumer.resume(tp)
+        wait = poll_ms(executor.eligible(table.tasks), commit_interval=self.settings.commit_interval)
+        hurry = self._stopping.is_set() or table.failure is not None
+        batches = await self._fetch.next(consumer, wait, hurry=hurry)
+        async with self._lock:
+            if self._producer_wanted and not await self._replace_producer():
+                return
+            table.feed(batches)
+            await self._settle(await executor.process(table.tasks))
+            table.backpressure()
+            table.mark_caught_up(batches)
+            if executor.due(table.tasks):
+                await self._settle(await executor.commit(table.tasks))
+                self._observe()
+            for task in table.tasks.values():
+                task.idle()
+            table.reap()
+            table.watch()
+            table.standbys.observe()
+        await asyncio.sleep(0)  # a fetch with nothing to wait for returns at once: let the others run
 
-    def _seek(self, tp: TopicPartition, offset: int) -> None:
-        """Move ``tp``'s fetch position (after an abort); a partition no longer assigned is left alone."""
-        consumer = self._require(self._consumer)
-        if tp in consumer.assignment():
-            consumer.seek(tp, offset)
+    async def _settle(self, outcome: Outcome) -> None:
+        """Apply what the executor asks: tasks moved back, a rejoin, a new producer, a stop."""
+        table = self._require(self._table)
+        table.apply(outcome)
+        if outcome.replace_producer:
+            if outcome.rejoin:
+                self._count_fence()
+            self._producer_wanted = True
+            await self._replace_producer()
 
-    def _commit_due(self) -> None:
-        """Commit each due partition in the background; the loop goes on with the others meanwhile."""
-        for owned in self.owned.values():
-            if owned.committing is None and owned.part.due():
-                owned.committing = asyncio.create_task(self._commit(owned))
+    def _count_fence(self) -> None:
+        """A producer fenced again and again means another process has this worker's transactional id."""
+        now = time.monotonic()
+        self._fences = [at for at in self._fences if now - at < FENCE_WINDOW_S] + [now]
+        if len(self._fences) >= FENCES_ALLOWED:
+            self._require(self._table).fail(
+                ProducerFencedError(
+                    f"the producer was fenced {len(self._fences)} times in {FENCE_WINDOW_S:g}s: another process "
+                    f"uses transactional id {self.transactional_id} (the same --instance-id, or the same host "
+                    "and state dir)"
+                )
+            )
 
-    async def _commit(self, owned: Owned) -> None:
-        """A background commit; what it cannot recover from stops the worker instead of a stuck partition."""
-        part = owned.part
+    async def _replace_producer(self) -> bool:
+        """Start a new producer in place of one fenced or unusable; False while it cannot start yet."""
+        txn = self._require(self._executor).txn
+        await txn.producer.stop()
         try:
-            await part.commit()
-            if part.serving and part.store is not None:
-                owned.disk_measured_at = observe_store(self.metrics, part, owned.disk_measured_at)
-                owned.behind_warned_at = warn_if_behind(part, MARGIN_MS, owned.behind_warned_at)
-            if self.owned.get(part.tp) is owned:
-                self._backpressure(owned)
-        except PipelineError as exc:
-            self._fail(exc)
-        finally:
-            if owned.committing is asyncio.current_task():
-                owned.committing = None
-            self._fetch.wake()  # records held for this commit are handled now, not at the next fetch
+            txn.producer = await self._start_producer()
+        except (KafkaError, ProducerFencedError) as exc:
+            log.warning("a new producer cannot start yet (%r); trying again", exc)
+            await asyncio.sleep(PRODUCER_RETRY_S)
+            return False
+        self._producer_wanted = False
+        log.info("a new producer started with transactional id %s", self.transactional_id)
+        return True
 
+    def _observe(self) -> None:
+        consumer, table = self._require(self._consumer), self._require(self._table)
+        for task in table.tasks.values():
+            if task.serving and task.store is not None:
+                observe_lag(self.metrics, consumer, task)
+                task.disk_measured_at = observe_store(self.metrics, task, task.disk_measured_at)
+                task.behind_warned_at = warn_if_behind(task, MARGIN_MS, task.behind_warned_at)
+
+    # -- stop ----------------------------------------------------------------------------
     async def _shutdown(self, *, commit: bool) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            return
-        self._stopping.set()  # after an exception too: no assignment opens anything from now on
-        owned = self._table.take_all()
-        for entry in owned:
-            if entry.opening is not None:
-                entry.opening.cancel()
-        await self._fetch.close()
-        tasks = [t for entry in owned for t in (entry.opening, entry.committing) if t is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(self._table.close(entry, commit=commit) for entry in owned))
-        if self._standbys is not None:
-            await self._standbys.close()
+        self._stopping.set()
+        table, executor = self._table, self._executor
+        if table is not None and executor is not None:
+            async with self._lock:
+                table.stopping = True  # after an exception too: no assignment opens anything from now on
+                await self._fetch.close()
+                if commit and not self._producer_wanted:
+                    await self._settle(await executor.commit(table.tasks))
+                await executor.abort()  # whatever is still open (after a failure, or a failed commit)
+                await table.close()
+        await self._release()
+        log.info("worker stopped")
+
+    async def _release(self) -> None:
+        """Stop what was started, in the reverse order."""
+        if self._executor is not None:
+            await self._executor.txn.producer.stop()
+        if self._restorer is not None:
+            await self._restorer.close()
         await self._metadata.close()
-        await internals.stop_consumer(consumer)
+        if self._consumer is not None:
+            await internals.stop_consumer(self._consumer)
+            self._consumer = None
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
-        self._consumer = None
         self._dir_lock.release()
-        log.info("worker stopped")
-
-    def _fail(self, exc: PipelineError) -> None:
-        log.error("%s", exc)
-        if self._fatal is None:
-            self._fatal = exc
-        self._fetch.wake()
 
     @staticmethod
     def _require(value: _T | None) -> _T:

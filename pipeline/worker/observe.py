@@ -10,7 +10,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.partition import Partition
+from pipeline.worker.task import ActiveTask
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +18,17 @@ DISK_MEASURE_EVERY = 10.0  # seconds between walks of a store's files
 BEHIND_WARN_EVERY = 600.0  # seconds between two warnings about one partition's stream time
 
 
-def observe_lag(metrics: WorkerMetrics, consumer: AIOKafkaConsumer, part: Partition) -> None:
-    """Records between the partition's transaction and the end of its log."""
-    txn = part.txn
-    highwater = consumer.highwater(part.tp)
-    if highwater is not None and txn is not None and txn.next_offset is not None:
-        metrics.lag.labels(part.tp.topic, str(part.tp.partition)).set(max(highwater - txn.next_offset, 0))
+def observe_lag(metrics: WorkerMetrics, consumer: AIOKafkaConsumer, task: ActiveTask) -> None:
+    """Records between the task's position and the end of its log."""
+    part = task.part
+    highwater = consumer.highwater(task.tp)
+    if highwater is None or part is None:
+        return
+    handled = part.next_offset if part.next_offset is not None else task.position
+    metrics.lag.labels(task.tp.topic, str(task.tp.partition)).set(max(highwater - handled, 0))
 
 
-def observe_store(metrics: WorkerMetrics, part: Partition, measured_at: float) -> float:
+def observe_store(metrics: WorkerMetrics, part: ActiveTask, measured_at: float) -> float:
     """The store's key estimate, and its bytes on disk at most every :data:`DISK_MEASURE_EVERY`
     seconds after ``measured_at``; returns when the disk was last measured."""
     store = part.store
@@ -43,7 +45,7 @@ def observe_store(metrics: WorkerMetrics, part: Partition, measured_at: float) -
     return measured_at
 
 
-def warn_if_behind(part: Partition, margin_ms: int, warned_at: float) -> float:
+def warn_if_behind(part: ActiveTask, margin_ms: int, warned_at: float) -> float:
     """Warn (at most every :data:`BEHIND_WARN_EVERY` seconds) when the partition's stream time is more than
     ``margin_ms`` behind the clock; returns when it last warned.
 

@@ -135,7 +135,9 @@ class WorkerSettings:
         if not 1 <= self.max_clock_skew <= 30 * 86_400:
             problems.append(f"max clock skew must be in [1, 2592000] seconds, got {self.max_clock_skew}")
         if not 1 <= self.transaction_timeout <= 900:
-            problems.append(f"transaction timeout must be in [1, 900] seconds, got {self.transaction_timeout}")
+            problems.append(
+                f"transaction timeout must be in [1, 900] seconds, got {self.transaction_timeout}"
+            )
         if self.transaction_timeout <= self.commit_interval:
             problems.append(
                 f"transaction timeout ({self.transaction_timeout:g}s) must be longer than the commit interval"

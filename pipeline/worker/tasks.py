@@ -126,7 +126,9 @@ class TaskTable:
     # -- opening -------------------------------------------------------------------------
     def _begin_open(self, tp: TopicPartition) -> None:
         self.consumer.pause(tp)
-        task = ActiveTask(tp, changelog=TopicPartition(self._changelogs[tp.topic], tp.partition), context=self.context)
+        task = ActiveTask(
+            tp, changelog=TopicPartition(self._changelogs[tp.topic], tp.partition), context=self.context
+        )
         task.paused = True
         self.tasks[tp] = task
         self.metrics.partitions.set(len(self.tasks))
@@ -188,7 +190,9 @@ class TaskTable:
                 found = await self.group.committed([task.tp])
             except KafkaError as exc:
                 if time.monotonic() > deadline:
-                    raise PartitionUnservedError(f"partition {task.name}: cannot read its offset: {exc}") from exc
+                    raise PartitionUnservedError(
+                        f"partition {task.name}: cannot read its offset: {exc}"
+                    ) from exc
                 log.warning("%s: cannot read its committed offset yet (%r); retrying", task.name, exc)
                 await asyncio.sleep(COMMITTED_RETRY_S)
             else:
@@ -245,7 +249,10 @@ class TaskTable:
         for tp, task in self.tasks.items():
             if tp not in assignment or not task.serving:
                 continue
-            full = len(task.queue) >= self.settings.fetch_records or task.queued_bytes >= self.settings.queue_bytes
+            full = (
+                len(task.queue) >= self.settings.fetch_records
+                or task.queued_bytes >= self.settings.queue_bytes
+            )
             if full and not task.paused:
                 self.consumer.pause(tp)
                 task.paused = True

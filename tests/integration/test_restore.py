@@ -17,7 +17,7 @@ from pipeline.errors import StoreUnusableError
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state import replay as replay_module
 from pipeline.state.decision import Entry
-from pipeline.state.restore import restore
+from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 
@@ -27,6 +27,23 @@ HOUR = 3_600_000
 BUCKET_MS = bucket_width(7 * 24 * HOUR)
 BASE = int(time.time() * 1000) - 24 * HOUR  # entries a day old: alive, so expire() keeps them
 TopicFactory = Callable[..., Awaitable[str]]
+
+
+async def restore(
+    store: PartitionStore,
+    changelog: TopicPartition,
+    *,
+    bootstrap: str,
+    fetch_bytes: int = 32 * 1024 * 1024,
+    remaining: Any = None,
+) -> int:
+    """One active restore through a restore service of its own (a real reader), stopped after it."""
+    reader = ChangelogReader(bootstrap, fetch_bytes=max(fetch_bytes // 2, 1))
+    restorer = Restorer(lambda: reader, RestoreBudget(2 * fetch_bytes), fetch_bytes=fetch_bytes)
+    try:
+        return await restorer.restore(store, changelog, remaining=remaining)
+    finally:
+        await restorer.close()
 
 
 def _entry(i: int, duplicates: int = 0) -> Entry:

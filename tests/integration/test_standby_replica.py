@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state import directory
 from pipeline.state.decision import Entry
-from pipeline.state.restore import RestoreBudget
+from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.assignment import Claim, plan
@@ -23,7 +24,7 @@ from pipeline.worker.assignor import decode_claim, encode_claim
 from pipeline.worker.lifecycle import StandbyState
 from pipeline.worker.standby import Standby
 from pipeline.worker.standbys import StandbyReplicas
-from tests.unit.worker.fakes import TOPICS, make_partition
+from tests.unit.worker.fakes import TOPICS, Harness
 
 pytestmark = pytest.mark.broker
 
@@ -60,17 +61,13 @@ async def _produce(bootstrap: str, topic: str, keys: range, *, abort: bool = Fal
 
 
 class Reader:
-    """The shared changelog reader, as the worker's StandbyReplicas hands it out."""
+    """The worker's restore service, over one real changelog reader (``reader.stop()`` stops it)."""
 
     def __init__(self, bootstrap: str) -> None:
         self.reader = ChangelogReader(bootstrap, fetch_bytes=1024 * 1024)
-        self.started = False
-
-    async def __call__(self) -> ChangelogReader:
-        if not self.started:
-            await self.reader.start()
-            self.started = True
-        return self.reader
+        self.restorer = Restorer(
+            lambda: self.reader, RestoreBudget(64 * 1024 * 1024), fetch_bytes=1024 * 1024
+        )
 
 
 def _state(standby: Standby) -> StandbyState:
@@ -92,8 +89,7 @@ def _standby(path: Path, topic: str, reader: Reader, identity: StoreIdentity) ->
         identity=identity,
         path=path,
         bucket_ms=BUCKET_MS,
-        reader=reader,
-        budget=RestoreBudget(64 * 1024 * 1024),
+        restorer=reader.restorer,
     )
 
 
@@ -222,9 +218,10 @@ async def test_a_wiped_standby_never_takes_the_partition_from_a_current_copy(
     topic = await make_topic("changelog")
     await _produce(bootstrap, topic, range(50))  # 50 records and a commit marker: the end is 51
     tp = TopicPartition(TOPICS.input, 0)
-    replicas = StandbyReplicas(
-        make_partition(tmp_path, bootstrap=bootstrap, standby_replicas=1).context, {tp.topic: topic}, dict
-    )
+    harness = Harness(tmp_path, {"bootstrap": bootstrap, "standby_replicas": 1})
+    reader = Reader(bootstrap)
+    context = replace(harness.context, restorer=reader.restorer)
+    replicas = StandbyReplicas(context, {tp.topic: topic}, dict)
     settings = replicas.settings
     path = directory.store_path(settings.state_dir, replicas.context.topology, settings.group, tp)
     ahead = PartitionStore.open(
@@ -255,4 +252,5 @@ async def test_a_wiped_standby_never_takes_the_partition_from_a_current_copy(
         assert owner() == "current"  # as current, and the sticky owner
     finally:
         await replicas.close()
+        await reader.restorer.close()
     assert replicas.claim().positions[tp] == 50  # closed, still on disk

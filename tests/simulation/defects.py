@@ -28,7 +28,7 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         [
             (
                 "state/transaction.py",
-                "        bounds = self.timestamps.get(topic)\n        if self.restamp or bounds is not None:",
+                "        bounds = self.timestamps.get(topic)\n        if restamp or bounds is not None:",
                 "        bounds = None\n        if False:",
             ),
             (
@@ -42,9 +42,9 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
                 "        if False:",
             ),
             (
-                "worker/partition.py",
-                "                if txn.producer.needs_replacing:",
-                "                if False:",
+                "worker/executor.py",
+                "            outcome.replace_producer = txn.producer.needs_replacing",
+                "            outcome.replace_producer = False",
             ),
         ],
     ),
@@ -84,25 +84,12 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         ],
     ),
     4: (
-        "a fence seen mid-batch is treated as a broken producer",
+        "a zombie's offsets carry no group generation (TxnOffsetCommit v0, as aiokafka sends it)",
         [
             (
                 "kafka/transactional.py",
-                (
-                    "        except ProducerFenced as exc:\n            raise self._fence(exc) from exc\n"
-                    "        except (*internals.DEAD_PRODUCER_ERRORS, KafkaError) as exc:\n"
-                    "            raise self._dead(exc) from exc"
-                ),
-                (
-                    "        except ProducerFenced:\n            return\n"
-                    "        except (*internals.DEAD_PRODUCER_ERRORS, KafkaError) as exc:\n"
-                    "            raise self._dead(exc) from exc"
-                ),
-            ),
-            (
-                "kafka/transactional.py",
-                "        if self.fenced or isinstance(cause, ProducerFenced):",
-                "        if False:",
+                "        await self._settle(self._send_offsets(self._producer, offsets, group))",
+                "        await self._settle(self._producer.send_offsets_to_transaction(dict(offsets), group.group_id))",
             ),
         ],
     ),
@@ -110,31 +97,20 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         "a reopen racing a rebalance leaves a partition behind",
         [
             (
-                "worker/ownership.py",
-                "        return not self._rebalancing and tp in self._require(self._consumer).assignment()",
-                "        return tp in self._require(self._consumer).assignment()",
+                "worker/tasks.py",
+                "        return not self._rebalancing and tp in self.consumer.assignment()",
+                "        return tp in self.consumer.assignment()",
             ),
             (
-                "worker/ownership.py",
-                "        if self._owned.get(tp) is owned:\n            del self._owned[tp]\n        await self.close(owned, commit=False)",
-                "        await self.close(owned, commit=False)",
+                "worker/tasks.py",
+                "        if self.tasks.get(task.tp) is task:\n            del self.tasks[task.tp]\n        self._release(task)",
+                "        self._release(task)",
             ),
-            # the revoked partitions left the table only as their closes began, in the background
+            # the revoked tasks stayed in the table while they closed
             (
-                "worker/ownership.py",
-                "            self._owned.pop(tp)\n            for tp in sorted(revoked",
-                "            self._owned[tp]\n            for tp in sorted(revoked",
-            ),
-            (
-                "worker/ownership.py",
-                "        await asyncio.gather(*(self.close(owned, commit=True) for owned in gone))",
-                (
-                    "        async def pop_and_close(owned: Owned) -> None:\n"
-                    "            if self._owned.get(owned.part.tp) is owned:\n"
-                    "                del self._owned[owned.part.tp]\n"
-                    "            await self.close(owned, commit=True)\n\n"
-                    "        await asyncio.gather(*(pop_and_close(owned) for owned in gone))"
-                ),
+                "worker/tasks.py",
+                "            task = self.tasks.pop(tp, None)",
+                "            task = self.tasks.get(tp)",
             ),
         ],
     ),
@@ -145,6 +121,26 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
                 "state/transaction.py",
                 "        return self.producer.batch(min(self.limits.get(topic, MAX_MESSAGE_BYTES), MAX_MESSAGE_BYTES))",
                 "        return self.producer.batch(MAX_MESSAGE_BYTES)",
+            ),
+        ],
+    ),
+    7: (
+        "a new owner reads the committed offsets a pending transaction is about to move",
+        [
+            (
+                "kafka/group.py",
+                "        return await committed_stable(self.consumer, partitions)",
+                "        return {tp: await self.consumer.committed(tp) for tp in partitions}",
+            ),
+        ],
+    ),
+    8: (
+        "a new owner restores its store only to the changelog's last stable offset",
+        [
+            (
+                "state/restore.py",
+                "                end = await reader.log_end(changelog)",
+                "                end = await reader.end(changelog)",
             ),
         ],
     ),

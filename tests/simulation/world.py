@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -27,10 +27,11 @@ from aiokafka.coordinator.protocol import ConsumerProtocol
 from pipeline import topology as topology_module
 from pipeline.errors import BrokerUnavailableError, StoreLockedError
 from pipeline.kafka.admin import topic_specs
+from pipeline.kafka.clients import worker_consumer
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.worker import loop as loop_module
+from pipeline.worker.io import kafka_io
 from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
@@ -278,8 +279,8 @@ class World:
                 if slot is None or slot.worker is None or not member.assignment:
                     continue
                 assigned = set(ConsumerProtocol.ASSIGNMENT.decode(member.assignment).partitions())
-                for tp, owned in list(slot.worker.owned.items()):
-                    if owned.part.serving and tp not in assigned:
+                for tp, task in slot.worker.tasks.items():
+                    if task.serving and tp not in assigned:
                         problem = (
                             f"{member.process.name} serves {tp.topic}-{tp.partition}, which generation "
                             f"{group.generation} does not assign it"
@@ -299,8 +300,6 @@ class World:
         root_logger.setLevel(logging.INFO)
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
         SimStore.faults = self.disk
-        real_consumer = loop_module.worker_consumer  # type: ignore[attr-defined]
-        loop_module.worker_consumer = self._consumer_of(real_consumer)  # type: ignore[attr-defined]
         random.seed(
             self.scenario.seed
         )  # aiokafka shuffles with the module's generator (fetches, node choice)
@@ -314,7 +313,6 @@ class World:
                     self.problems.extend(self._diagnose())
         finally:
             SimStore.faults = None
-            loop_module.worker_consumer = real_consumer  # type: ignore[attr-defined]
             root_logger.removeHandler(handler)
             root_logger.setLevel(saved_level)
             asyncio.set_event_loop(None)
@@ -329,6 +327,15 @@ class World:
             steps=self.loop.steps,
             counts=self.counts,
         )
+
+    def _txn_of_partition(self, partition: int) -> str | None:
+        """The transactional id of the worker the stable group assigns input ``partition`` to (None: none now)."""
+        owner = self._owner_of(f"{APP}-{GROUP}-{self.topology.topics.input}-{partition}")
+        slot = next((s for s in self.slots if s.process is not None and s.process is owner), None)
+        if slot is None or slot.worker is None:
+            self.note(f"no worker serves partition {partition} now: the fault has no producer to hit")
+            return None
+        return slot.worker.transactional_id
 
     def _owner_of(self, txn_id: str) -> Process | None:
         """The process the stable group assigns ``txn_id``'s partition to (None while it rebalances)."""
@@ -429,7 +436,8 @@ class World:
         slot.incarnations += 1
         process = Process(f"{slot.name}.{slot.incarnations}")
         slot.process = process
-        worker = Worker(self.settings(slot), self.topology, open_store=SimStore.open)
+        io = replace(kafka_io(open_store=SimStore.open), consumer=self._consumer_of(worker_consumer))
+        worker = Worker(self.settings(slot), self.topology, io=io)
         process.on_crash.append(worker._dir_lock.release)  # the OS drops a dead process's locks
         slot.worker = worker
         self.note(f"{process.name} starts")
@@ -535,8 +543,8 @@ class World:
             self.note("broker back")
             return
         if kind == "fence":
-            txn_id = f"{APP}-{GROUP}-{self.topology.topics.input}-{fault.target}"
-            if txn_id in self.broker.txns:
+            txn_id = self._txn_of_partition(fault.target)
+            if txn_id is not None and txn_id in self.broker.txns:
                 while self.broker.init_producer_id(txn_id, 60_000)[0] == b.CONCURRENT_TRANSACTIONS:
                     await asyncio.sleep(0.05)
             return
@@ -544,8 +552,9 @@ class World:
             self.broker.storm_until = self.loop.time() + fault.duration
             return
         if kind in ("producer-fatal", "commit-refused"):
-            txn_id = f"{APP}-{GROUP}-{self.topology.topics.input}-{fault.target}"
-            self.broker.inject(kind, fault.detail, txn_id)
+            txn_id = self._txn_of_partition(fault.target)
+            if txn_id is not None:
+                self.broker.inject(kind, fault.detail, txn_id)
             return
         if kind == "refuse-outputs":
             topics = self.topology.topics

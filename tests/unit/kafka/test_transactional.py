@@ -18,6 +18,7 @@ from aiokafka.errors import (
 from aiokafka.producer.transaction_manager import TransactionState
 
 from pipeline.errors import ProducerFencedError, ProducerUnusableError
+from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.transactional import TransactionalProducer
 
 
@@ -65,8 +66,13 @@ class Stub:
         self._sender = SimpleNamespace(sender_task=task)
 
 
+async def _offsets(stub: Any, offsets: Any, group: GroupMetadata) -> None:
+    """The offsets as the stub takes them (the real producer sends TxnOffsetCommit v3 with ``group``)."""
+    await stub.send_offsets_to_transaction(offsets, group.group_id)
+
+
 def _wrapped(stub: Stub) -> TransactionalProducer:
-    return TransactionalProducer(stub, "raw-0")
+    return TransactionalProducer(stub, "worker", send_offsets=_offsets)
 
 
 @pytest.mark.parametrize("call", ["begin", "offsets", "commit", "abort"])
@@ -77,7 +83,7 @@ async def test_a_fence_at_any_call_is_producer_fenced(call: str) -> None:
     producer = _wrapped(stub)
     calls = {
         "begin": producer.begin,
-        "offsets": lambda: producer.send_offsets({}, "g"),
+        "offsets": lambda: producer.send_offsets({}, GroupMetadata("g", 1, "m", None)),
         "commit": producer.commit,
         "abort": producer.abort,
     }

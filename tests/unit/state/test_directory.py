@@ -17,7 +17,7 @@ from aiokafka import TopicPartition
 from pipeline.errors import StateDirInUseError, StoreError, StoreIdentityError, StoreStaleError
 from pipeline.state import directory
 from pipeline.state.decision import Entry
-from pipeline.state.restore import RestoreBudget, catch_up
+from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.store import Change, PartitionStore
 from pipeline.state.store_meta import StoreIdentity
 from pipeline.topology import load
@@ -34,7 +34,15 @@ def _reader_ending_at(end: int) -> Any:
     async def end_of(_tp: TopicPartition) -> int:
         return end
 
-    return SimpleNamespace(end=end_of, fetch_bytes=1024)
+    async def nothing() -> None:
+        return None
+
+    return SimpleNamespace(end=end_of, log_end=end_of, fetch_bytes=1024, start=nothing, stop=nothing)
+
+
+async def catch_up(store: PartitionStore, changelog: TopicPartition, *, reader: Any) -> tuple[int, int]:
+    """One standby round of the restore service over ``reader``."""
+    return await Restorer(lambda: reader, RestoreBudget(1 << 20), fetch_bytes=1024).catch_up(store, changelog)
 
 
 def _claimed_store(path: Path, identity: StoreIdentity) -> None:

@@ -1,9 +1,10 @@
-"""The commit order of one partition: records into aiokafka's batches, the transaction, then the store."""
+"""The commit order of the worker's transaction: records into aiokafka's batches, the offsets, the commit,
+then each partition's store."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
 from pipeline.errors import RecordTooLargeError, StoreError
+from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry
+from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.store import PartitionStore
-from pipeline.state.transaction import PartitionTransaction, TransactionFailedError
+from pipeline.state.transaction import PartCommitted, Transaction, TransactionFailedError
 
 HOUR = 3_600_000
 CHANGELOG = TopicPartition("changelog", 0)
@@ -77,15 +80,18 @@ def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened.close()
 
 
+async def _offsets(producer: Any, offsets: Mapping[TopicPartition, int], metadata: GroupMetadata) -> None:
+    await producer.send_offsets_to_transaction(dict(offsets), metadata.group_id)
+
+
 def _checkpoint(producer: StandInProducer, store: PartitionStore, **options: Any) -> PartitionTransaction:
-    return PartitionTransaction(
-        tp=TopicPartition("raw", 0),
-        group="g",
-        producer=TransactionalProducer(producer, "raw-0"),
-        store=store,
-        changelog=CHANGELOG,
+    """Partition raw-0's part of a worker transaction over ``producer``."""
+    txn = Transaction(
+        TransactionalProducer(producer, "worker", send_offsets=_offsets),
+        group=lambda: GroupMetadata("g", 1, "m", None),
         **options,
     )
+    return PartitionTransaction(tp=TopicPartition("raw", 0), txn=txn, store=store, changelog=CHANGELOG)
 
 
 def _stage_one(ckpt: PartitionTransaction) -> Entry:
@@ -102,7 +108,8 @@ async def test_records_with_and_without_headers_are_sent_in_one_transaction(stor
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
-    assert await ckpt.commit() == (1, 0)
+    committed = await ckpt.txn.commit()
+    assert committed.parts == {TopicPartition("raw", 0): PartCommitted(records=1, expired=0)}
     assert sorted(producer.sent) == [("changelog", 0, 1), ("commands", 2, 1)]
     assert producer.calls == ["begin", "offsets g 42", "commit"]
 
@@ -114,7 +121,7 @@ async def test_the_store_is_written_only_after_the_commit(store: PartitionStore)
     await ckpt.begin()
     entry = _stage_one(ckpt)
     assert ckpt.lookup([b"k"]) == {b"k": entry}
-    await ckpt.commit()
+    await ckpt.txn.commit()
     assert producer.store_had_key_at_commit is False
     assert store.get_many([b"k"]) == {b"k": entry}
     assert store.changelog_offset == 100  # the last changelog record's offset
@@ -127,7 +134,7 @@ async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: Part
     await ckpt.begin()
     _stage_one(ckpt)
     with pytest.raises(TransactionFailedError) as failed:
-        await ckpt.commit()
+        await ckpt.txn.commit()
     assert isinstance(failed.value.__cause__, KafkaTimeoutError)  # the partition reads it to bisect
     assert producer.calls[-1] == "abort"
     assert store.get_many([b"k"]) == {}
@@ -142,7 +149,7 @@ async def test_staging_a_key_emits_its_changelog_record(store: PartitionStore) -
     await ckpt.begin()
     ckpt.stage(b"k", Entry(first_seen=1, expires_at=HOUR, partition=0, offset=41), None)
     ckpt.consumed(41)
-    await ckpt.commit()
+    await ckpt.txn.commit()
     assert producer.sent == [("changelog", 0, 1)]
 
 
@@ -161,14 +168,15 @@ async def test_a_record_larger_than_its_topic_takes_is_refused_before_it_is_appe
     with pytest.raises(RecordTooLargeError):
         ckpt.emit("commands", 0, key=b"k", value=b"x" * 5000, timestamp=1)
     ckpt.consumed(1)
-    await ckpt.commit()
+    await ckpt.txn.commit()
     assert producer.sent == []
 
 
-async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_raises(
+async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_is_returned(
     store: PartitionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kafka committed but RocksDB refused: StoreError (the partition reopens), no open transaction left."""
+    """Kafka committed but RocksDB refused: the part's StoreError comes back in the result (its task reopens;
+    the others' stores are written), no open transaction left."""
     producer = StandInProducer(store)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
@@ -178,10 +186,11 @@ async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_rai
         raise StoreError("disk full")
 
     monkeypatch.setattr(store, "write", refuse)
-    with pytest.raises(StoreError):
-        await ckpt.commit()
+    committed = await ckpt.txn.commit()
+    assert isinstance(committed.parts[TopicPartition("raw", 0)].store_error, StoreError)
     assert producer.calls[-1] == "commit"
     assert not ckpt.in_transaction
+    assert not ckpt.txn.open
     assert store.changelog_offset == -1
 
 
@@ -198,7 +207,7 @@ async def test_a_batch_is_never_larger_than_its_topic_takes(store: PartitionStor
     for i in range(40):
         ckpt.emit("commands", 0, key=b"k%d" % i, value=b"x" * 500, timestamp=1)
     ckpt.consumed(1)
-    await ckpt.commit()
+    await ckpt.txn.commit()
     batches = [count for topic, _, count in producer.sent if topic == "commands"]
     assert sum(batches) == 40
     assert len(batches) >= 5
@@ -221,7 +230,7 @@ async def test_an_output_its_topic_would_refuse_for_its_timestamp_is_stamped_now
     ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now + 24 * HOUR)
     ckpt.emit("commands", 0, key=b"b", value=b"{}", timestamp=now + HOUR // 2)
     ckpt.consumed(1)
-    await ckpt.commit()
+    await ckpt.txn.commit()
     stamped = producer.records["commands"]
     assert [(key, ts) for key, ts, _ in stamped] == [(b"a", now), (b"b", now + HOUR // 2)]
     assert stamped[0][2] == [("original-timestamp", str(now + 24 * HOUR).encode())]

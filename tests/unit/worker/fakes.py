@@ -1,4 +1,4 @@
-"""Stand-ins for the Kafka clients around a partition and the worker loop: no broker, no network.
+"""Stand-ins for what the worker reaches outside its process: no broker, no network.
 
 - :class:`FakeProducer`: a transactional producer built on aiokafka's real
   ``BatchBuilder``; it decodes every batch it is sent, keeps what each
@@ -10,22 +10,24 @@
   pause, resume, seek, committed offsets, getmany over per-partition logs);
   the first poll hands the assignment to the rebalance listener, as the real
   consumer does from inside a poll.
-- :class:`Clients`: installs both, and a restore that applies nothing (or
-  waits at a gate), in place of the real ones.
+- :class:`FakeGroup`, :class:`FakeReader`: the group coordinator's answers, and a
+  changelog that is empty (its reads can wait at a gate).
+- :func:`fake_io`: all of them as the :class:`~pipeline.worker.io.WorkerIO` a worker is built
+  with; :class:`Harness`: tasks, the transaction and the executor without a loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 from aiokafka import TopicPartition
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
@@ -33,18 +35,21 @@ from aiokafka.structs import ConsumerRecord
 
 from pipeline import topology as topology_module
 from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
-from pipeline.kafka import internals
 from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
-from pipeline.worker import context as context_module
-from pipeline.worker import loop as loop_module
-from pipeline.worker import opening as opening_module
+from pipeline.kafka.requests import GroupMetadata
+from pipeline.kafka.transactional import TransactionalProducer
+from pipeline.state.partition_transaction import PartitionTransaction
+from pipeline.state.restore import RestoreBudget, Restorer
+from pipeline.state.transaction import Transaction
 from pipeline.worker.classify import Classifier
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
+from pipeline.worker.executor import Outcome, TaskExecutor
+from pipeline.worker.io import WorkerIO
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.partition import Partition
 from pipeline.worker.settings import WorkerSettings
+from pipeline.worker.task import ActiveTask
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGY_PATH = ROOT / "topologies" / "default.toml"
@@ -218,6 +223,7 @@ class FakeProducer:
         self.committed: list[Sent] = []
         self.aborted: list[Sent] = []
         self.offsets: list[tuple[TopicPartition, int, str]] = []  # committed consumer offsets
+        self.generations: list[int] = []  # the group generation each offset commit carried
         self.violations: list[str] = []
         self.started = False
         self.stopped = False
@@ -237,6 +243,7 @@ class FakeProducer:
         self.committed = earlier.committed
         self.aborted = earlier.aborted
         self.offsets = earlier.offsets
+        self.generations = earlier.generations
         self.violations = earlier.violations
         self._log_end = earlier._log_end
 
@@ -371,26 +378,59 @@ class ProducerFactory:
         self.made[transactional_id].append(producer)
         return producer
 
-    def of(self, partition: int, topic: str = INPUT) -> FakeProducer:
-        """The latest producer made for input ``partition``."""
-        for txn_id, producers in self.made.items():
-            if txn_id.endswith(f"-{topic}-{partition}"):
-                return producers[-1]
-        raise KeyError(f"no producer for {topic}-{partition}")
+    def latest(self) -> FakeProducer:
+        """The producer made last (a worker has one transactional id)."""
+        for producers in self.made.values():
+            return producers[-1]
+        raise KeyError("no producer made")
 
 
-class Restore:
-    """Stands in for the changelog restore: applies nothing; with ``gate``, waits for it first."""
+async def send_offsets(producer: Any, offsets: Mapping[TopicPartition, int], metadata: GroupMetadata) -> None:
+    """What the worker's offsets go through: the fake producer's offsets, with the generation noted."""
+    await producer.send_offsets_to_transaction(dict(offsets), metadata.group_id)
+    producer.generations.append(metadata.generation_id)
 
-    def __init__(self, gate: asyncio.Event | None = None) -> None:
+
+class FakeReader:
+    """A changelog reader over empty changelogs (``ends`` says otherwise for the start-up check of the stores
+    on disk); with ``gate``, every read of an end waits for it first."""
+
+    def __init__(
+        self, gate: asyncio.Event | None = None, *, ends: Mapping[TopicPartition, int] | None = None
+    ) -> None:
         self.gate = gate
+        self.ends_at = dict(ends or {})  # what ends() says of each changelog (0 for the others)
         self.entered: list[TopicPartition] = []
+        self.fetch_bytes = MIB
+        self.started = 0
+        self.stopped = 0
 
-    async def __call__(self, store: Any, changelog: TopicPartition, **_: Any) -> int:
-        self.entered.append(changelog)
+    async def start(self) -> None:
+        self.started += 1
+
+    async def stop(self) -> None:
+        self.stopped += 1
+
+    async def _wait(self, tp: TopicPartition) -> int:
+        self.entered.append(tp)
         if self.gate is not None:
             await self.gate.wait()
         return 0
+
+    async def end(self, tp: TopicPartition) -> int:
+        return await self._wait(tp)
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        return await self._wait(tp)
+
+    async def ends(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.ends_at.get(tp, 0) for tp in tps}
+
+
+def restorer(reader: FakeReader | None = None) -> Restorer:
+    """The worker's restore service over ``reader`` (an empty changelog by default)."""
+    chosen = reader or FakeReader()
+    return Restorer(lambda: chosen, RestoreBudget(64 * MIB), fetch_bytes=MIB)  # type: ignore[arg-type,return-value]
 
 
 # -- the consumer ------------------------------------------------------------------------
@@ -508,82 +548,214 @@ class FakeConsumer:
         return batches
 
 
-# -- installing them ---------------------------------------------------------------------
+# -- the group ----------------------------------------------------------------------------
+
+
+class FakeGroup:
+    """The group coordinator's answers: the consumer's committed offsets, generation ``generation``."""
+
+    def __init__(self, consumer: FakeConsumer, *, group: str = "webhooks") -> None:
+        self.consumer = consumer
+        self.group = group
+        self.generation = 1
+        self.member_id = "member-1"
+        self.rejoins = 0
+        self.reads: list[list[TopicPartition]] = []
+
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        wanted = list(partitions)
+        self.reads.append(wanted)
+        return {tp: self.consumer.committed_offsets.get(tp) for tp in wanted}
+
+    async def member(self) -> bool | None:
+        return True
+
+    def metadata(self) -> GroupMetadata:
+        return GroupMetadata(self.group, self.generation, self.member_id, None)
+
+    def rejoin(self) -> None:
+        self.rejoins += 1
+
+
+# -- the worker's world -----------------------------------------------------------------
 
 
 @dataclass
 class Clients:
-    """The fakes in place of the real clients, for one test."""
+    """The fakes a worker built with :func:`fake_io` talks to."""
 
     producers: ProducerFactory
-    restore: Restore
+    reader: FakeReader
     consumer: FakeConsumer = field(default_factory=FakeConsumer)
+    groups: list[FakeGroup] = field(default_factory=list)
+    fenced: list[str] = field(default_factory=list)  # transactional ids fenced without a producer
+
+    @property
+    def group(self) -> FakeGroup:
+        return self.groups[-1]
 
 
-def install(
-    monkeypatch: pytest.MonkeyPatch,
+def layout(limits: dict[str, str] | None = None) -> TopicLayout:
+    """Every topic with :data:`PARTITIONS` partitions and 4 MiB limits unless given."""
+    names = [*outputs().partitions]
+    sizes = {name: int(limits[name]) if limits and name in limits else 4 * MIB for name in names}
+    return TopicLayout(
+        dict.fromkeys(names, PARTITIONS), sizes, {}, "fake-cluster", {n: f"id-{n}" for n in names}
+    )
+
+
+def fake_io(
     *,
     producers: ProducerFactory | None = None,
-    restore: Restore | None = None,
+    reader: FakeReader | None = None,
     consumer: FakeConsumer | None = None,
     limits: dict[str, str] | None = None,
-) -> Clients:
-    """Replace the producer, restore, consumer and topic layout the partition and loop modules use."""
-    clients = Clients(producers or ProducerFactory(), restore or Restore(), consumer or FakeConsumer())
-    monkeypatch.setattr(context_module, "transactional_producer", clients.producers)
-    monkeypatch.setattr(opening_module, "restore", clients.restore)
-    monkeypatch.setattr(loop_module, "worker_consumer", lambda _settings, **_kwargs: clients.consumer)
+) -> tuple[WorkerIO, Clients]:
+    """A :class:`WorkerIO` over the fakes, and the fakes."""
+    clients = Clients(producers or ProducerFactory(), reader or FakeReader(), consumer or FakeConsumer())
 
-    async def member(_consumer: Any) -> bool:
-        return True  # the fake group never drops a member
+    def group(consumer: Any) -> FakeGroup:
+        made = FakeGroup(consumer)
+        clients.groups.append(made)
+        return made
 
-    monkeypatch.setattr(internals, "generation_current", member)
+    async def fence(_client: Any, transactional_id: str) -> None:
+        clients.fenced.append(transactional_id)
 
-    async def topic_layout(_bootstrap: str, topology: Any) -> TopicLayout:
-        names = [*outputs().partitions]
-        sizes = {name: int(limits[name]) if limits and name in limits else 4 * MIB for name in names}
-        return TopicLayout(
-            dict.fromkeys(names, PARTITIONS), sizes, {}, "fake-cluster", {n: f"id-{n}" for n in names}
-        )
+    async def topic_layout(_bootstrap: str, _topology: Any) -> TopicLayout:
+        return layout(limits)
 
-    monkeypatch.setattr(loop_module, "topic_layout", topic_layout)
-    return clients
+    io = WorkerIO(
+        consumer=lambda _settings, **_kwargs: clients.consumer,
+        producer=clients.producers,
+        group=group,
+        fence=fence,
+        changelog_reader=lambda _settings: clients.reader,  # type: ignore[arg-type,return-value]
+        layout=topic_layout,
+        send_offsets=send_offsets,
+    )
+    return io, clients
+
+
+GROUP = "webhooks"  # the default topology's app name: the default group
+
+
+def part_transaction(
+    producer: FakeProducer,
+    tp: TopicPartition,
+    *,
+    store: Any,
+    changelog: TopicPartition,
+    limits: Mapping[str, int] | None = None,
+) -> PartitionTransaction:
+    """``tp``'s part of a worker transaction over ``producer`` (its ``txn`` commits it)."""
+    txn = Transaction(
+        TransactionalProducer(producer, producer.transactional_id, send_offsets=send_offsets),
+        group=lambda: GroupMetadata(GROUP, 1, "member-1", None),
+        limits=limits,
+    )
+    return PartitionTransaction(tp=tp, txn=txn, store=store, changelog=changelog)
 
 
 @dataclass
 class Harness:
-    """One partition over a fake producer, with the seeks it asked for."""
+    """Tasks of the default topology's input topic over one fake producer's transaction, without a loop:
+    what the loop does with them, step by step (the executor's outcomes applied as the table would)."""
 
-    part: Partition
-    producer: FakeProducer
-    seeks: list[tuple[TopicPartition, int]]
+    state_dir: Path
+    overrides: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, int] | None = None
+    reader: FakeReader = field(default_factory=FakeReader)
+    tasks: dict[TopicPartition, ActiveTask] = field(default_factory=dict)
+    seeks: list[tuple[TopicPartition, int]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    replaced: int = 0  # new producers started in place of one fenced, unusable or out of sequence
 
+    def __post_init__(self) -> None:
+        self.settings = settings(self.state_dir, **self.overrides).for_topology(TOPOLOGY.app)
+        self.metrics = WorkerMetrics.create()
+        self.producer = FakeProducer(f"{TOPOLOGY.app}-{GROUP}-worker-test")
+        self.group = FakeGroup(FakeConsumer())
+        self.context = PartitionContext(
+            settings=self.settings,
+            topology=TOPOLOGY,
+            classifier=classifier(),
+            outputs=outputs(self.limits),
+            metrics=self.metrics,
+            cluster="fake-cluster",
+            topic_ids={TOPICS.changelog: "changelog-id", TOPICS.effects_changelog: "effects-changelog-id"},
+            restorer=restorer(self.reader),
+        )
+        self.txn = Transaction(
+            TransactionalProducer(self.producer, self.producer.transactional_id, send_offsets=send_offsets),
+            group=self.group.metadata,
+            limits=self.context.outputs.limits,
+            timestamps=self.context.outputs.timestamps,
+            send_bytes=self.settings.send_bytes,
+        )
+        self.executor = TaskExecutor(self.txn, self.settings, self.metrics)
 
-def make_partition(
-    state_dir: Path,
-    *,
-    partition: int = 0,
-    limits: dict[str, int] | None = None,
-    seeks: list[tuple[TopicPartition, int]] | None = None,
-    member: Any = None,
-    **overrides: Any,
-) -> Partition:
-    """A :class:`Partition` of the default topology's input topic (not opened); ``member`` is the
-    group membership check (none by default)."""
-    seen = seeks if seeks is not None else []
-    context = PartitionContext(
-        settings=settings(state_dir, **overrides),
-        topology=TOPOLOGY,
-        classifier=classifier(),
-        outputs=outputs(limits),
-        metrics=WorkerMetrics.create(),
-        cluster="fake-cluster",
-        topic_ids={TOPICS.changelog: "changelog-id", TOPICS.effects_changelog: "effects-changelog-id"},
-        member=member,
-    )
-    return Partition(
-        tp(partition),
-        changelog=TopicPartition(TOPICS.changelog, partition),
-        context=context,
-        seek=lambda where, offset: seen.append((where, offset)),
-    )
+    def task(self, partition: int = 0) -> ActiveTask:
+        """Input partition ``partition``'s task (made unopened on first use)."""
+        where = tp(partition)
+        found = self.tasks.get(where)
+        if found is None:
+            found = self.tasks[where] = ActiveTask(
+                where, changelog=TopicPartition(TOPICS.changelog, partition), context=self.context
+            )
+        return found
+
+    async def open(self, partition: int = 0) -> ActiveTask:
+        """Open ``partition``'s task (store in the state dir, an empty changelog) and position it."""
+        task = self.task(partition)
+        await task.open(self.txn, time.monotonic() + self.settings.open_timeout)
+        task.positioned(0)
+        return task
+
+    def feed(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """Hand fetched records to their tasks."""
+        for record in records:
+            self.task(record.partition).feed([record])
+
+    async def apply(self, outcome: Outcome) -> Outcome:
+        """What the table and the worker do with an outcome: tasks moved back (the seeks noted), a new
+        producer (sharing the broker's view), and a fatal one raised."""
+        self.outcomes.append(outcome)
+        for where, offset in outcome.rewind.items():
+            task = self.tasks.get(where)
+            if task is not None and task.serving:
+                task.rewind(offset)
+                self.seeks.append((where, offset))
+        if outcome.replace_producer:
+            replacement = FakeProducer(self.producer.transactional_id)
+            replacement.succeed(self.producer)
+            await replacement.start()
+            self.producer = replacement
+            self.txn.producer = TransactionalProducer(
+                replacement,
+                replacement.transactional_id,
+                send_offsets=send_offsets,
+            )
+            self.replaced += 1
+        if outcome.fatal is not None:
+            raise outcome.fatal
+        return outcome
+
+    async def work(self) -> Outcome:
+        """The executor handles what the tasks have queued."""
+        return await self.apply(await self.executor.process(self.tasks))
+
+    async def commit(self) -> Outcome:
+        """The executor commits the open transaction."""
+        return await self.apply(await self.executor.commit(self.tasks))
+
+    async def handle_and_commit(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """Feed, handle and commit."""
+        self.feed(records)
+        await self.work()
+        await self.commit()
+
+    def close(self) -> None:
+        """Close every task (their stores released)."""
+        for task in self.tasks.values():
+            task.close()

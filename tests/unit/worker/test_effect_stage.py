@@ -12,15 +12,13 @@ from aiokafka import TopicPartition
 from pipeline import topology as topology_module
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
-from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.store import PartitionStore
-from pipeline.state.transaction import PartitionTransaction
 from pipeline.worker.classify import Classifier
 from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.event_stage import EventStage
 
-from .fakes import ROOT, FakeProducer, record
+from .fakes import ROOT, FakeProducer, part_transaction, record
 
 TOPOLOGY = topology_module.load(ROOT / "topologies" / "stripe-fulfilment.toml")
 TOPICS = TOPOLOGY.topics
@@ -63,10 +61,9 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
     names = [*TOPOLOGY.command_topics(), TOPICS.effects, TOPICS.effects_changelog, TOPICS.audit, TOPICS.dlq]
     outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), dict.fromkeys(names, 1 << 22))
     producer = FakeProducer("effects-0")
-    txn = PartitionTransaction(
-        tp=TopicPartition(TOPICS.effects, 0),
-        group="g",
-        producer=TransactionalProducer(producer, "effects-0"),
+    txn = part_transaction(
+        producer,
+        TopicPartition(TOPICS.effects, 0),
         store=store,
         changelog=TopicPartition(TOPICS.effects_changelog, 0),
         limits=outputs.limits,
@@ -74,7 +71,7 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
     stage = EffectStage(tp=TopicPartition(TOPICS.effects, 0), topology=TOPOLOGY, txn=txn, outputs=outputs)
     ours, theirs = _key_on(0), _key_on(2)
     await stage.handle([_effect_record(5, ours, partition=0), _effect_record(6, theirs, partition=0)], {})
-    await txn.commit()
+    await txn.txn.commit()
     commands = producer.committed_to("shop.orders")
     assert [s.key for s in commands] == [ours.encode()]
     moved = producer.committed_to(TOPICS.effects)
@@ -117,19 +114,14 @@ async def test_a_command_too_large_for_its_command_topic_is_dead_lettered_at_the
     outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), limits)
     producer = FakeProducer("raw-0")
     tp = TopicPartition(TOPICS.input, 0)
-    txn = PartitionTransaction(
-        tp=tp,
-        group="g",
-        producer=TransactionalProducer(producer, "raw-0"),
-        store=store,
-        changelog=TopicPartition(TOPICS.changelog, 0),
-        limits=outputs.limits,
+    txn = part_transaction(
+        producer, tp, store=store, changelog=TopicPartition(TOPICS.changelog, 0), limits=outputs.limits
     )
     classifier = Classifier(TOPOLOGY, KeyPartitioner(), input_partitions=PARTITIONS, environ={})
     stage = EventStage(tp=tp, topology=TOPOLOGY, classifier=classifier, txn=txn, outputs=outputs)
     big, small = _payment_key_on(0, 0), _payment_key_on(0, 1000)
     await stage.handle([_checkout(5, big, pad=4000), _checkout(6, small, pad=10)], {})
-    await txn.commit()
+    await txn.txn.commit()
     [dead] = [s.json() for s in producer.committed_to(TOPICS.dlq)]
     assert (dead["reason"], dead["offset"], dead["topic"]) == ("too-large", 5, TOPICS.input)
     assert "shop.orders" in dead["error"]

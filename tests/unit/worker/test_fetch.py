@@ -1,4 +1,4 @@
-"""The loop's fetch: woken early, never cancelling aiokafka's getmany, snapshots from each fetch's start."""
+"""The loop's fetch: woken early, never cancelling aiokafka's getmany, forgetting what a seek made stale."""
 
 from __future__ import annotations
 
@@ -33,35 +33,34 @@ class _SlowConsumer:
 
 
 async def test_a_woken_fetch_stays_pending_and_a_later_call_takes_its_records() -> None:
-    """wake() ends the wait with nothing; the same getmany (not a new one) later returns its records with its first snapshot."""
-    generation = iter(range(10))
-    fetch = LoopFetch(max_records=10, snapshot=lambda: next(generation))
+    """wake() ends the wait with nothing; the same getmany (not a new one) later returns its records."""
+    fetch = LoopFetch(max_records=10)
     consumer = _SlowConsumer()
     waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
     fetch.wake()
-    assert await asyncio.wait_for(waiting, 1) == ({}, 0)
-    assert await fetch.next(consumer, 0) == ({}, 0)  # no wait: the pending fetch has not returned
+    assert await asyncio.wait_for(waiting, 1) == {}
+    assert await fetch.next(consumer, 0) == {}  # no wait: the pending fetch has not returned
     consumer.ready.set()
-    assert await asyncio.wait_for(fetch.next(consumer, 5_000), 1) == ({tp(0): ["r1", "r2"]}, 0)
+    assert await asyncio.wait_for(fetch.next(consumer, 5_000), 1) == {tp(0): ["r1", "r2"]}
     assert (consumer.calls, consumer.cancelled) == (1, 0)
 
 
 async def test_a_wake_before_the_wait_is_forgotten_by_the_next_fetch() -> None:
     """A wake() nobody waited for does not end the next fetch early: its records still arrive."""
-    fetch = LoopFetch(max_records=10, snapshot=lambda: None)
+    fetch = LoopFetch(max_records=10)
     consumer = _SlowConsumer()
     fetch.wake()
     waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     consumer.ready.set()
-    assert await asyncio.wait_for(waiting, 1) == ({tp(0): ["r1", "r2"]}, None)
+    assert await asyncio.wait_for(waiting, 1) == {tp(0): ["r1", "r2"]}
 
 
 async def test_close_drops_a_pending_fetch() -> None:
     """At shutdown the pending getmany is cancelled and awaited; the next call starts a new one."""
-    fetch = LoopFetch(max_records=10, snapshot=lambda: None)
+    fetch = LoopFetch(max_records=10)
     consumer = _SlowConsumer()
     waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
     await asyncio.sleep(0.01)
@@ -69,5 +68,21 @@ async def test_close_drops_a_pending_fetch() -> None:
     await waiting
     await fetch.close()
     assert consumer.cancelled == 1
-    assert await fetch.next(consumer, 0) == ({}, None)
+    assert await fetch.next(consumer, 0) == {}
     assert consumer.calls == 2
+
+
+async def test_a_partition_moved_while_its_fetch_waited_unread_loses_what_that_fetch_holds_of_it() -> None:
+    """A fetch returned while the loop was busy; the loop then moved partition 0 back (an aborted transaction):
+    forget() drops what that fetch holds of partition 0, and keeps the others'."""
+    fetch = LoopFetch(max_records=10)
+    consumer = _SlowConsumer()
+    consumer.records = {tp(0): ["stale"], tp(1): ["fine"]}
+    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
+    await asyncio.sleep(0.01)
+    fetch.wake()
+    assert await waiting == {}
+    consumer.ready.set()
+    await asyncio.sleep(0.01)  # the pending getmany returned; nobody read it yet
+    fetch.forget(tp(0))
+    assert await fetch.next(consumer, 0) == {tp(1): ["fine"]}

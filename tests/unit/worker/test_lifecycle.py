@@ -1,4 +1,4 @@
-"""The partition lifecycle: the transition table is the whole truth, and nothing else moves a partition."""
+"""The task lifecycle: the transition table is the whole truth, and nothing else moves a task."""
 
 from __future__ import annotations
 
@@ -61,51 +61,49 @@ def test_every_other_transition_raises_and_leaves_the_state(
     assert life.state is source
 
 
-def test_every_state_but_committing_may_close_and_closed_is_final() -> None:
-    """CLOSED is reachable from every state but COMMITTING (a close waits for the commit to end) and leads nowhere."""
-    assert all(S.CLOSED in TRANSITIONS[s] for s in S if s not in (S.CLOSED, S.COMMITTING))
-    assert S.CLOSED not in TRANSITIONS[S.COMMITTING]
+def test_every_state_may_close_and_closed_is_final() -> None:
+    """CLOSED is reachable from every state and leads nowhere."""
+    assert all(S.CLOSED in TRANSITIONS[s] for s in S if s is not S.CLOSED)
     assert TRANSITIONS[S.CLOSED] == frozenset()
 
 
 def test_a_failure_while_opening_or_restoring_closes_and_never_breaks() -> None:
-    """OPENING and RESTORING go on or close: BROKEN and FENCED are states of a serving partition only."""
+    """OPENING and RESTORING go on or close: BROKEN is a state of a serving task only."""
     for state in (S.OPENING, S.RESTORING):
-        assert not TRANSITIONS[state] & {S.BROKEN, S.FENCED}
+        assert S.BROKEN not in TRANSITIONS[state]
 
 
-def test_broken_and_fenced_only_close() -> None:
-    """A BROKEN or FENCED partition never serves again in place: it can only close."""
+def test_broken_only_closes() -> None:
+    """A BROKEN task never serves again in place: it can only close (and a new task opens)."""
     assert TRANSITIONS[S.BROKEN] == {S.CLOSED}
-    assert TRANSITIONS[S.FENCED] == {S.CLOSED}
 
 
-def test_the_happy_path_opens_restores_serves_and_commits() -> None:
-    """OPENING → RESTORING → READY ⇄ COMMITTING → CLOSED is a legal life."""
+def test_the_happy_path_opens_restores_serves_and_closes() -> None:
+    """OPENING → RESTORING → READY → CLOSED is a legal life (commits are the worker's, not a task's state)."""
     life = Lifecycle.partition("raw-0")
-    for target in (S.RESTORING, S.READY, S.COMMITTING, S.READY, S.COMMITTING, S.READY, S.CLOSED):
+    for target in (S.RESTORING, S.READY, S.CLOSED):
         life.move(target)
     assert life.closed
 
 
 @pytest.mark.parametrize("state", list(S), ids=str)
-def test_serving_is_true_only_when_ready_or_committing(state: PartitionState) -> None:
-    """``serving`` holds in READY and COMMITTING and in no other state; ``closed`` only in CLOSED."""
+def test_serving_is_true_only_when_ready(state: PartitionState) -> None:
+    """``serving`` holds in READY and in no other state; ``closed`` only in CLOSED."""
     life = _at(state)
-    assert life.serving is (state in {S.READY, S.COMMITTING})
+    assert life.serving is (state is S.READY)
     assert life.closed is (state is S.CLOSED)
 
 
-def test_the_serving_set_is_ready_and_committing() -> None:
-    """SERVING, which the loop and /healthz read, names exactly READY and COMMITTING."""
-    assert frozenset({S.READY, S.COMMITTING}) == SERVING
+def test_the_serving_set_is_ready() -> None:
+    """SERVING, which the loop and /healthz read, names exactly READY."""
+    assert frozenset({S.READY}) == SERVING
 
 
 def test_each_move_records_when_the_state_was_entered_and_a_refused_move_does_not() -> None:
-    """``since`` is the monotonic time of the last transition (the worker times a commit's polling by it)."""
+    """``since`` is the monotonic time of the last transition."""
     life = _at(S.READY)
     life.since = 0.0
-    life.move(S.COMMITTING)
+    life.move(S.BROKEN)
     entered = life.since
     assert entered > 0.0
     with pytest.raises(IllegalTransitionError):

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import ProducerFenced
 
-from pipeline import cli
+from pipeline.cli import services
 from pipeline.errors import PartitionUnservedError
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
@@ -25,19 +26,18 @@ from pipeline.state.store_meta import StoreIdentity
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.loop import Worker
 from pipeline.worker.pacing import poll_ms
-from pipeline.worker.partition import Partition
+from pipeline.worker.task import ActiveTask
 
 from .fakes import (
     INPUT,
     TOPICS,
     TOPOLOGY,
-    TOPOLOGY_PATH,
     Clients,
     FakeConsumer,
-    ProducerFactory,
-    Restore,
+    FakeProducer,
+    FakeReader,
     body,
-    install,
+    fake_io,
     keys_for,
     record,
     records,
@@ -73,10 +73,9 @@ def _conflicting_store(state_dir: Path, partition: TopicPartition) -> None:
     PartitionStore.open(path, bucket_ms=BUCKET_MS, identity=other).close()
 
 
-def _part(worker: Worker, tp: TopicPartition) -> Partition | None:
-    """The partition ``worker`` owns at ``tp``, if any."""
-    owned = worker.owned.get(tp)
-    return owned.part if owned is not None else None
+def _part(worker: Worker, tp: TopicPartition) -> ActiveTask | None:
+    """The task ``worker`` has for ``tp``, if any."""
+    return worker.tasks.get(tp)
 
 
 class Running:
@@ -91,8 +90,13 @@ class Running:
     def consumer(self) -> FakeConsumer:
         return self.clients.consumer
 
+    @property
+    def producer(self) -> FakeProducer:
+        """The worker's producer (the latest, after a replacement)."""
+        return self.clients.producers.latest()
+
     def states(self) -> dict[int, PartitionState]:
-        return {t.partition: p.state for t, p in ((t, o.part) for t, o in self.worker.owned.items())}
+        return {t.partition: task.state for t, task in self.worker.tasks.items()}
 
     def run(self) -> asyncio.Task[None]:
         self.task = asyncio.create_task(self.worker.run())
@@ -109,8 +113,8 @@ Starter = Callable[..., Any]
 
 
 @pytest.fixture
-async def start_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Starter]:
-    """Start a Worker over a FakeConsumer (``assign``, ``committed``, ``logs``) and fake producers."""
+async def start_worker(tmp_path: Path) -> AsyncIterator[Starter]:
+    """Start a Worker over a FakeConsumer (``assign``, ``committed``, ``logs``), a fake producer and changelog."""
     started: list[Running] = []
 
     async def start(
@@ -118,14 +122,20 @@ async def start_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Async
         assign: set[TopicPartition],
         committed: dict[TopicPartition, int] | None = None,
         logs: dict[TopicPartition, list[Any]] | None = None,
-        restore: Restore | None = None,
+        reader: FakeReader | None = None,
         **overrides: Any,
     ) -> Running:
         consumer = FakeConsumer(assign=assign, committed=committed, logs=logs)
-        clients = install(monkeypatch, producers=ProducerFactory(), restore=restore, consumer=consumer)
+        io, clients = fake_io(reader=reader, consumer=consumer)
         # transactions stay open until the test acts, unless it asks for another policy
-        values = {"commit_interval": 60.0, "commit_policy": "interval", "open_timeout": 5.0, **overrides}
-        worker = Worker(settings(tmp_path, **values), TOPOLOGY)
+        values = {
+            "commit_interval": 60.0,
+            "transaction_timeout": 120.0,
+            "commit_policy": "interval",
+            "open_timeout": 5.0,
+            **overrides,
+        }
+        worker = Worker(settings(tmp_path, **values), TOPOLOGY, io=io)
         await worker.start()
         running = Running(worker, clients)
         started.append(running)
@@ -154,19 +164,20 @@ async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committ
 ) -> None:
     """Three partitions restore at once; each stays paused until READY, then moves to its committed offset (or the beginning) and resumes."""
     gate = asyncio.Event()
-    restore = Restore(gate)
+    reader = FakeReader(gate)
     w = await start_worker(
         assign={TP0, TP1, TP2},
         committed={TP0: 1, TP2: 2},
         logs=_logs(3),
-        restore=restore,
+        reader=reader,
+        restore_budget_bytes=256 * 1024 * 1024,  # room for the three restores at once
     )
     w.run()
-    await eventually(lambda: len(restore.entered) == 3, what="all three partitions restoring")
+    await eventually(lambda: len(reader.entered) == 3, what="all three partitions restoring")
     assert w.states() == {0: S.RESTORING, 1: S.RESTORING, 2: S.RESTORING}  # none waited for another
     assert {TP0, TP1, TP2} <= w.consumer.paused
     assert w.consumer.seeks == []
-    assert w.clients.producers.of(0).calls == ["start"]  # no record handled before READY
+    assert w.producer.calls == ["start"]  # the worker's producer started; no record handled before READY
 
     gate.set()
     await eventually(lambda: not w.consumer.paused, what="all three partitions resumed")
@@ -182,16 +193,14 @@ async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committ
         assert mine[-1] == "resume"
 
     await eventually(
-        lambda: all(
-            pt.queue == [] and pt.txn and pt.txn.records for pt in (o.part for o in w.worker.owned.values())
-        )
+        lambda: all(t.queue == [] and t.part and t.part.records for t in w.worker.tasks.values())
     )
     await w.stop()
-    audit = {
-        p: sorted(s.json()["offset"] for s in w.clients.producers.of(p).committed_to(TOPICS.audit))
-        for p in (0, 1, 2)
-    }
+    audit: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for sent in w.producer.committed_to(TOPICS.audit):
+        audit[sent.json()["partition"]].append(sent.json()["offset"])
     assert audit == {0: [1, 2], 1: [0, 1, 2], 2: [2]}  # from the committed offset on, nothing earlier
+    assert w.producer.calls.count("commit") == 1  # one transaction for the three partitions
 
 
 async def test_a_worker_restoring_is_alive_but_not_ready_and_ready_once_every_partition_is_served(
@@ -199,10 +208,10 @@ async def test_a_worker_restoring_is_alive_but_not_ready_and_ready_once_every_pa
 ) -> None:
     """/readyz: an assigned partition still restoring makes the worker not ready; /healthz: it is alive all along."""
     gate = asyncio.Event()
-    restore = Restore(gate)
-    w = await start_worker(assign={TP0, TP1}, restore=restore)
+    reader = FakeReader(gate)
+    w = await start_worker(assign={TP0, TP1}, reader=reader)
     w.run()
-    await eventually(lambda: len(restore.entered) == 2)
+    await eventually(lambda: len(reader.entered) == 2)
     health = w.worker.health()
     assert not health.ready
     assert health.live  # a restart would only begin the restore again
@@ -234,33 +243,21 @@ async def test_a_partition_that_cannot_open_makes_run_raise_partition_unserved(
     with pytest.raises(PartitionUnservedError, match=f"{INPUT}-1"):
         await asyncio.wait_for(w.worker.run(), 5)
     assert w.consumer.stopped
-    assert w.worker.owned == {}
-    for producer in w.clients.producers.made.get(f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0", []):
-        assert "commit" not in producer.calls  # a stop after an exception never commits
-        assert producer.stopped
+    assert w.worker.tasks == {}
+    assert "commit" not in w.producer.calls  # a stop after an exception never commits
+    assert w.producer.stopped
 
 
-def test_the_cli_exits_non_zero_with_one_line_when_a_partition_cannot_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`pipeline worker` with an unservable partition exits 1 and says which partition on one stderr line."""
+async def test_the_service_stops_with_one_line_naming_the_partition_that_cannot_open(tmp_path: Path) -> None:
+    """`pipeline worker` runs the worker as a service: an unservable partition ends it with a PartitionUnservedError
+    whose one line names the partition (the CLI prints it and exits 1)."""
     _conflicting_store(tmp_path, TP1)
-    install(monkeypatch, consumer=FakeConsumer(assign={TP1}))
-    monkeypatch.setattr(cli, "tune_gc", lambda: None)  # leave this process's collector alone
-    status = cli.main(
-        [
-            "worker",
-            "--bootstrap=x",
-            f"--topology={TOPOLOGY_PATH}",
-            f"--state-dir={tmp_path}",
-            f"--group={GROUP}",
-            "--open-timeout=5",
-        ]
-    )
-    assert status == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1
-    assert err[0].startswith(f"pipeline: error: partition {INPUT}-1 cannot be served")
+    io, _clients = fake_io(consumer=FakeConsumer(assign={TP1}))
+    worker = Worker(settings(tmp_path, group=GROUP, open_timeout=5.0), TOPOLOGY, io=io)
+    with pytest.raises(PartitionUnservedError) as failed:
+        await asyncio.wait_for(services.run_service(worker), 10)
+    assert str(failed.value).startswith(f"partition {INPUT}-1 cannot be served")
+    assert "\n" not in str(failed.value)
 
 
 async def test_run_raising_mid_batch_aborts_the_open_transactions(
@@ -271,13 +268,13 @@ async def test_run_raising_mid_batch_aborts_the_open_transactions(
 
     def fail_once_handled(_poll: int) -> None:
         part = _part(w.worker, TP0)
-        if part is not None and part.txn is not None and part.txn.records == 3:
+        if part is not None and part.part is not None and part.part.records == 3:
             raise RuntimeError("the fetch blew up")
 
     w.consumer.on_poll = fail_once_handled
     with pytest.raises(RuntimeError, match="blew up"):
         await asyncio.wait_for(w.worker.run(), 5)
-    producer = w.clients.producers.of(0)
+    producer = w.producer
     assert "begin" in producer.calls
     assert "abort" in producer.calls
     assert "commit" not in producer.calls
@@ -292,44 +289,48 @@ async def test_run_raising_mid_batch_aborts_the_open_transactions(
         store.close()
 
 
-async def test_a_clean_stop_commits_the_open_transactions(start_worker: Starter) -> None:
-    """stop() (SIGTERM) after records were handled: run() returns, and the open transaction is committed, not aborted."""
+async def test_a_clean_stop_commits_the_open_transaction(start_worker: Starter) -> None:
+    """stop() (SIGTERM) after records were handled: run() returns, and the open transaction (both partitions)
+    is committed, not aborted."""
     w = await start_worker(assign={TP0, TP1}, logs=_logs(3))
 
     def stop_once_handled(_poll: int) -> None:
-        parts = [_part(w.worker, p) for p in (TP0, TP1)]
-        if all(p is not None and p.txn is not None and p.txn.records == 3 for p in parts):
+        tasks = [_part(w.worker, p) for p in (TP0, TP1)]
+        if all(t is not None and t.part is not None and t.part.records == 3 for t in tasks):
             w.worker.stop()
 
     w.consumer.on_poll = stop_once_handled
     await asyncio.wait_for(w.worker.run(), 5)
+    producer = w.producer
+    assert "abort" not in producer.calls
+    assert sorted(producer.offsets, key=lambda o: o[0].partition) == [(TP0, 3, GROUP), (TP1, 3, GROUP)]
     for p in (0, 1):
-        producer = w.clients.producers.of(p)
-        assert "abort" not in producer.calls
-        assert producer.offsets == [(tp(p), 3, GROUP)]
-        assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(p, 3)
-        assert producer.stopped
+        keys = [s.key.decode() for s in producer.committed_to(TOPICS.commands) if s.key]
+        assert set(keys_for(p, 3)) <= set(keys)
+    assert producer.calls.count("commit") == 1
+    assert producer.stopped
     assert w.consumer.stopped
 
 
-async def test_a_revoked_partition_commits_its_open_transaction_before_the_callback_returns(
+async def test_a_revocation_commits_the_open_transaction_before_the_callback_returns(
     start_worker: Starter,
 ) -> None:
-    """Revocation commits what the partition handled (so its next owner starts after it), then releases it."""
+    """Revocation commits what every partition of the transaction handled (so the next owners start after it),
+    then closes the revoked task; the worker's producer stays."""
     w = await start_worker(assign={TP0}, logs=_logs(3))
     w.run()
     await eventually(
-        lambda: (p := _part(w.worker, TP0)) is not None and p.txn is not None and p.txn.records == 3
+        lambda: (t := _part(w.worker, TP0)) is not None and t.part is not None and t.part.records == 3
     )
-    part = w.worker.owned[TP0].part
+    task = w.worker.tasks[TP0]
     w.consumer.assigned.discard(TP0)
     await w.worker.partitions_revoked({TP0})
-    producer = w.clients.producers.of(0)
+    producer = w.producer
     assert producer.offsets == [(TP0, 3, GROUP)]
     assert "abort" not in producer.calls
-    assert producer.stopped
-    assert part.state is S.CLOSED
-    assert TP0 not in w.worker.owned
+    assert not producer.stopped
+    assert task.state is S.CLOSED
+    assert TP0 not in w.worker.tasks
     await w.stop()
 
 
@@ -340,32 +341,31 @@ async def test_with_the_caught_up_policy_a_partition_commits_once_it_reached_the
     w = await start_worker(assign={TP0}, logs=_logs(3), commit_policy="caught-up")
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    producer = w.clients.producers.of(0)
+    producer = w.producer
     await eventually(lambda: producer.offsets == [(tp(0), 3, GROUP)])
     assert [k.decode() for k in producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 3)
 
 
-async def test_records_held_for_a_slow_commit_are_handled_as_soon_as_it_ends(start_worker: Starter) -> None:
-    """The end of a commit (here 0.4 s long) wakes the loop from its fetch: the held records commit at once, not a fetch wait later."""
+async def test_records_that_came_during_a_slow_commit_are_handled_as_soon_as_it_ends(
+    start_worker: Starter,
+) -> None:
+    """A commit (here 0.4 s long) holds the loop; what arrived meanwhile is fetched and committed right after it,
+    not a fetch wait later."""
     w = await start_worker(assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0)
     w.run()
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
-    producer = w.clients.producers.of(0)
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    producer = w.producer
     gate = producer.commit_gate = asyncio.Event()
     w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 3)))
-    await eventually(lambda: part.state is PartitionState.COMMITTING, what="the first commit")
+    await eventually(lambda: any(c.startswith("offsets") for c in producer.calls), what="the first commit")
     w.consumer.logs[TP0].extend(records(0, 3, keys_for(0, 2, start=3)))
-    await eventually(lambda: len(part.queue) == 2, what="two records held for the commit")
     w.consumer.max_wait_ms = 10_000  # from now on an empty fetch waits its whole timeout (2 s)
     await asyncio.sleep(0.4)
     gate.set()
     await eventually(
         lambda: producer.offsets == [(TP0, 3, GROUP), (TP0, 5, GROUP)], timeout=1.0, what="the second commit"
     )
-    assert (
-        w.consumer.cancelled_fetches == 0
-    )  # the fetch cut short stays pending: aiokafka's is not cancel-safe
+    assert w.consumer.cancelled_fetches == 0  # a fetch is never cancelled: aiokafka's is not cancel-safe
 
 
 async def test_stop_cuts_a_waiting_fetch_short(start_worker: Starter) -> None:
@@ -386,66 +386,61 @@ async def test_stop_cuts_a_waiting_fetch_short(start_worker: Starter) -> None:
     [
         ([], 50),  # nothing waits: up to half the commit interval
         ([(PartitionState.READY, 0)], 50),
-        ([(PartitionState.COMMITTING, 3)], 50),  # records wait for a commit: its end wakes the fetch
-        ([(PartitionState.COMMITTING, 3), (PartitionState.READY, 2)], 0),  # records to handle
+        ([(PartitionState.BROKEN, 3), (PartitionState.READY, 2)], 0),  # records to handle
         ([(PartitionState.OPENING, 3)], 50),
     ],
 )
 def test_the_fetch_does_not_wait_only_when_records_can_be_handled(
     partitions: list[tuple[PartitionState, int]], expected: int
 ) -> None:
-    """The poll timeout: 0 with handleable records, else half the commit interval (no polling while a commit holds records)."""
+    """The poll timeout: 0 with handleable records, else half the commit interval."""
     parts = [SimpleNamespace(can_work=st is PartitionState.READY and queued > 0) for st, queued in partitions]
     assert poll_ms(parts, commit_interval=0.1) == expected  # type: ignore[arg-type]
 
 
-async def test_a_partition_revoked_while_it_reopens_leaves_the_table_and_starts_no_producer_after(
+async def test_a_partition_revoked_while_it_reopens_leaves_the_table_and_is_not_positioned_after(
     start_worker: Starter,
 ) -> None:
-    """A BROKEN partition is reopened; the group revokes it mid-open (aiokafka still lists it until the sync):
-    it leaves the table at once, no producer starts for it afterwards, and a later assignment opens it again."""
+    """A BROKEN task is reopened; the group revokes it mid-open (aiokafka still lists it until the sync): it
+    leaves the table at once, its opening never moves the consumer afterwards, and a later assignment opens
+    it again."""
     gate = asyncio.Event()
-    w = await start_worker(assign={TP0}, logs=_logs(2), restore=Restore(gate))
+    reader = FakeReader(gate)
+    w = await start_worker(assign={TP0}, logs=_logs(2), reader=reader)
     gate.set()
     w.run()
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    task = w.worker.tasks[TP0]
     gate.clear()  # the reopen's restore will wait
-    part.lifecycle.move(S.BROKEN)  # as a producer gone fatal leaves it
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p is not part)
-    reopening = w.worker.owned[TP0]
-    assert reopening.opening is not None
-    producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
-    started_before = len(producers)
+    task.lifecycle.move(S.BROKEN)  # as a store failure leaves it
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t is not task)
+    reopening = w.worker.tasks[TP0]
+    seeks_before = len(w.consumer.seeks)
     await w.worker.partitions_revoked({TP0})  # the consumer still lists TP0: a rebalance is under way
-    assert TP0 not in w.worker.owned
-    assert reopening.part.state is S.CLOSED
+    assert TP0 not in w.worker.tasks
+    assert reopening.state is S.CLOSED
     gate.set()
     await asyncio.sleep(0.05)
-    assert len(producers) == started_before  # nothing started for it after the revocation
-    assert TP0 not in w.worker.owned  # not reopened while the group rebalances
+    assert len(w.consumer.seeks) == seeks_before  # the cancelled opening moved nothing
+    assert TP0 not in w.worker.tasks  # not reopened while the group rebalances
     await w.worker.partitions_assigned({TP0})
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
     await w.stop()
 
 
-async def test_a_fenced_partition_is_closed_never_reopened_and_the_worker_rejoins_its_group(
-    start_worker: Starter,
-) -> None:
-    """FENCED: closed, not opened again while assigned, and the consumer asked to rejoin (a new generation
-    assigns every partition anew: to its rightful owner, or back here after a fence by the broker's timeout)."""
-    w = await start_worker(assign={TP0}, logs=_logs(2))
-    rejoins: list[bool] = []
-    w.consumer._coordinator = SimpleNamespace(request_rejoin=lambda: rejoins.append(True))
+async def test_a_fenced_producer_is_replaced_and_the_worker_rejoins_its_group(start_worker: Starter) -> None:
+    """The producer is fenced at a commit (the broker aborted a transaction open past its timeout): nothing
+    committed, a new producer with the same transactional id, and the worker rejoins its group; its
+    partitions are redone from their committed offsets."""
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail["commit"].append(ProducerFenced())  # the first commit finds it fenced
     w.run()
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
-    part.lifecycle.move(S.FENCED)
-    await eventually(lambda: rejoins == [True])
-    assert part.state is S.CLOSED
-    assert TP0 not in w.worker.owned
-    await asyncio.sleep(0.05)
-    assert TP0 not in w.worker.owned  # never reopened in place
+    await eventually(lambda: w.clients.group.rejoins == 1, what="the rejoin")
+    made = next(iter(w.clients.producers.made.values()))
+    assert len(made) == 2  # the fenced one, then a new one with the same id
+    assert made[0].stopped
+    await eventually(lambda: w.producer.offsets == [(TP0, 2, GROUP)], what="the redo committed")
+    assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 2)
     await w.stop()
 
 
@@ -455,55 +450,56 @@ async def test_the_loop_yields_every_cycle_so_a_commit_runs_while_records_wait(s
     w = await start_worker(assign={TP0}, logs={TP0: []}, commit_policy="interval", commit_interval=60.0)
     w.run()
     await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
+    part = w.worker.tasks[TP0]
     part.poison.limit = 1  # as after a refusal: one record per transaction, up to offset 4
     part.poison._until = 4
     w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 4)))
-    await eventually(lambda: w.clients.producers.of(0).committed_offset() == 4, timeout=3.0)
+    await eventually(lambda: w.producer.committed_offset() == 4, timeout=3.0)
     await w.stop()
 
 
 async def test_a_partition_is_paused_by_the_bytes_it_has_queued_not_only_by_their_count(
     start_worker: Starter,
 ) -> None:
-    """Back-pressure counts bytes too: a few large records reaching --queue-bytes pause the partition while its
-    commit holds them, though their count is far below --poll-records."""
+    """Back-pressure counts bytes too: a few large records reaching --queue-bytes pause the partition while they
+    wait (here, held at a bisecting limit of one record a transaction), though their count is far below
+    --poll-records."""
     big = [record(i, key, value=body(key, pad=300_000)) for i, key in enumerate(keys_for(0, 6))]
-    w = await start_worker(assign={TP0}, logs={TP0: big}, queue_bytes=1024 * 1024, poll_records=1000)
+    w = await start_worker(assign={TP0}, logs={TP0: []}, queue_bytes=1024 * 1024, poll_records=1000)
     w.run()
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
-    async with part.lock:  # as while a commit runs: what is fetched waits in the queue
-        await eventually(lambda: TP0 in w.consumer.paused and part.queue != [])
-        assert part.queued_bytes >= 1024 * 1024
-        assert len(part.queue) < 1000
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    task = w.worker.tasks[TP0]
+    task.poison.limit = 1  # one record a transaction: the rest waits in the queue
+    task.poison._until = 100
+    gate = w.producer.commit_gate = asyncio.Event()  # ... while the first commit takes its time
+    w.consumer.logs[TP0].extend(big)
+    await eventually(lambda: TP0 in w.consumer.paused and task.queue != [])
+    assert task.queued_bytes >= 1024 * 1024
+    assert len(task.queue) < 1000
+    gate.set()
+    await eventually(lambda: TP0 not in w.consumer.paused, what="resumed once it drained")
     await w.stop()
 
 
-async def test_a_broken_partition_closing_as_a_rebalance_begins_is_not_reopened_for_the_old_assignment(
+async def test_a_broken_partition_found_as_a_rebalance_begins_is_not_reopened_for_the_old_assignment(
     start_worker: Starter,
 ) -> None:
-    """A BROKEN partition is being closed when the group starts rebalancing (aiokafka still lists the old
-    assignment until the sync): it is not reopened meanwhile, so no producer fences the partition's next owner,
-    and nothing of it stays in the worker's table to be skipped when the group gives it back."""
+    """A task is BROKEN when the group starts rebalancing (aiokafka still lists the old assignment until the
+    sync): it is closed and not reopened meanwhile, and nothing of it stays in the table to be skipped when
+    the group gives it back."""
     w = await start_worker(assign={TP0}, logs=_logs(2))
     w.run()
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
-    part = w.worker.owned[TP0].part
-    producers = w.clients.producers.made[f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
-    gate = asyncio.Event()
-    producers[-1].stop_gate = gate  # its close takes a while
-    part.lifecycle.move(S.BROKEN)
-    await eventually(lambda: TP0 not in w.worker.owned)  # the loop took it out and is closing it
-    made = len(producers)
-    await w.worker.partitions_revoked(set())  # the rebalance begins (nothing of TP0 left to revoke)
-    gate.set()
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    task = w.worker.tasks[TP0]
+    task.lifecycle.move(S.BROKEN)
+    await w.worker.partitions_revoked(set())  # the rebalance begins (nothing revoked yet)
+    await eventually(lambda: TP0 not in w.worker.tasks)  # the loop closed it...
     await asyncio.sleep(0.05)
-    assert len(producers) == made  # no producer started for it while the group rebalances
-    assert TP0 not in w.worker.owned
+    assert TP0 not in w.worker.tasks  # ... and did not reopen it for the old assignment
+    assert task.state is S.CLOSED
     w.consumer.assigned.discard(TP0)  # the sync gave it to another worker
     await w.worker.partitions_assigned(set())
     w.consumer.assigned.add(TP0)  # ... and a later rebalance gives it back here
     await w.worker.partitions_assigned({TP0})
-    await eventually(lambda: (p := _part(w.worker, TP0)) is not None and p.serving)
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
     await w.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,11 @@ CHANGELOG = TopicPartition("raw-changelog", 0)
 IDENTITY = StoreIdentity(app="app", group="g", topic="raw", partition=0, changelog="raw-changelog")
 
 
+def _restorer(catch_up: Any) -> Any:
+    """A restore service whose standby rounds are ``catch_up``."""
+    return SimpleNamespace(catch_up=catch_up)
+
+
 async def test_an_unexpected_error_in_a_round_is_retried_and_closing_still_works(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -36,14 +42,15 @@ async def test_an_unexpected_error_in_a_round_is_retried_and_closing_still_works
             raise ValueError("a record that cannot be decoded")
         return 0, store.changelog_offset + 1
 
-    async def reader() -> Any:
-        return object()
-
-    monkeypatch.setattr(standby_module, "catch_up", catch_up)
     monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 0.01)
     monkeypatch.setattr(standby_module, "POLL_S", 0.01)
     standby = Standby(
-        TP, changelog=CHANGELOG, identity=IDENTITY, path=tmp_path / "s", bucket_ms=3_600_000, reader=reader
+        TP,
+        changelog=CHANGELOG,
+        identity=IDENTITY,
+        path=tmp_path / "s",
+        bucket_ms=3_600_000,
+        restorer=_restorer(catch_up),
     )
     standby.start()
     try:
@@ -74,14 +81,15 @@ async def test_a_store_closed_after_a_failed_round_is_released_while_the_standby
             raise
         return 0, 0
 
-    async def reader() -> Any:
-        return object()
-
-    monkeypatch.setattr(standby_module, "catch_up", catch_up)
     monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 5.0)
     path = tmp_path / "s"
     standby = Standby(
-        TP, changelog=CHANGELOG, identity=IDENTITY, path=path, bucket_ms=3_600_000, reader=reader
+        TP,
+        changelog=CHANGELOG,
+        identity=IDENTITY,
+        path=path,
+        bucket_ms=3_600_000,
+        restorer=_restorer(catch_up),
     )
     standby.start()
     try:
@@ -119,10 +127,6 @@ async def test_a_standby_whose_wiped_store_cannot_be_made_again_holds_nothing(
     async def catch_up(store: PartitionStore, changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
         raise StoreStaleError(f"store {store.path} is beyond the end of {changelog}")
 
-    async def reader() -> Any:
-        return object()
-
-    monkeypatch.setattr(standby_module, "catch_up", catch_up)
     monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 0.01)
     standby = Standby(
         TP,
@@ -130,7 +134,7 @@ async def test_a_standby_whose_wiped_store_cannot_be_made_again_holds_nothing(
         identity=IDENTITY,
         path=at,
         bucket_ms=3_600_000,
-        reader=reader,
+        restorer=_restorer(catch_up),
         opener=opener,
     )
     standby.start()

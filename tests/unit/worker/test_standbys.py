@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -15,21 +15,19 @@ from pipeline.errors import StoreStaleError
 from pipeline.state import directory
 from pipeline.state.store import PartitionStore
 from pipeline.worker import standby as standby_module
-from pipeline.worker import standbys as standbys_module
 from pipeline.worker.assignment import CAUGHT_UP, Claim, plan
 from pipeline.worker.assignor import Held, decode_claim, encode_claim
 from pipeline.worker.loop import Worker
-from pipeline.worker.partition import Partition
 from pipeline.worker.standbys import StandbyReplicas
 
 from .fakes import (
     INPUT,
     TOPICS,
     TOPOLOGY,
-    ProducerFactory,
-    install,
+    FakeReader,
+    Harness,
+    fake_io,
     keys_for,
-    make_partition,
     record,
     settings,
 )
@@ -39,37 +37,18 @@ SUB = frozenset({INPUT})
 FAR = 3 * CAUGHT_UP  # further apart than the leader forgives
 
 
-class FakeReader:
-    """A changelog reader with nothing to connect to; the changelogs' ends are :attr:`ENDS`."""
-
-    ENDS: ClassVar[dict[TopicPartition, int]] = {}
-
-    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
-        self.started = False
-
-    async def start(self) -> None:
-        self.started = True
-
-    async def stop(self) -> None:
-        self.started = False
-
-    async def ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        assert self.started
-        return {tp: self.ENDS[tp] for tp in tps}
-
-
 @pytest.fixture
-def part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Partition:
-    """Partition 0 over fake clients (not opened); its context is the worker's."""
-    install(monkeypatch, producers=ProducerFactory())
-    monkeypatch.setattr(standbys_module, "ChangelogReader", FakeReader)
+def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """Partition 0's task over fakes (not opened); its context is the worker's."""
     monkeypatch.setattr(standby_module, "POLL_S", 0.01)
     monkeypatch.setattr(standby_module, "RETRY_FIRST_S", 0.01)
-    return make_partition(tmp_path, standby_replicas=1)
+    made = Harness(tmp_path, {"standby_replicas": 1})
+    yield made
+    made.close()
 
 
-def _replicas(part: Partition) -> StandbyReplicas:
-    return StandbyReplicas(part.context, {TOPICS.input: TOPICS.changelog}, dict)
+def _replicas(h: Harness) -> StandbyReplicas:
+    return StandbyReplicas(h.context, {TOPICS.input: TOPICS.changelog}, dict)
 
 
 def _store_at(replicas: StandbyReplicas, tp: TopicPartition, offset: int) -> Path:
@@ -100,11 +79,11 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
 
 
 async def test_a_standby_that_rebuilt_its_stale_store_claims_what_the_rebuilt_store_holds(
-    part: Partition, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A store that held offset 30,000 is found stale by its standby and rebuilt: the worker claims the rebuilt
     store's position, not the old one, and the leader gives the partition to the member really most current."""
-    replicas = _replicas(part)
+    replicas = _replicas(harness)
     _store_at(replicas, TP, 30_000)
     replicas.remember(TP, 30_000)  # it closed there earlier
     rounds: list[int] = []
@@ -118,7 +97,7 @@ async def test_a_standby_that_rebuilt_its_stale_store_claims_what_the_rebuilt_st
         store.write_raw([(b"k", b"v", 2 * store.bucket_ms)], changelog_offset=49, stream_time=1)
         return 1, 50
 
-    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    monkeypatch.setattr(replicas.context.require_restorer(), "catch_up", catch_up)
     replicas.assignor.standbys = frozenset({TP})
     await replicas.assigned(set())
     try:
@@ -134,22 +113,22 @@ async def test_a_standby_that_rebuilt_its_stale_store_claims_what_the_rebuilt_st
         await replicas.close()
 
 
-async def test_a_served_store_wiped_on_release_is_no_longer_claimed(part: Partition) -> None:
+async def test_a_served_store_wiped_on_release_is_no_longer_claimed(harness: Harness) -> None:
     """A partition whose store could not be read is wiped when it closes: its worker then claims no copy of it,
     so the leader moves it to the member with a current standby instead of keeping it on an empty store."""
-    replicas = _replicas(part)
+    replicas = _replicas(harness)
     await replicas.assigned({TP})
-    await part.open()
+    part = await harness.open(0)
     store = part.store
     assert store is not None
     store.write_raw([(b"k", b"v", 2 * store.bucket_ms)], changelog_offset=FAR, stream_time=1)
     key = keys_for(0, 1)[0]
     [bucket] = list(store.buckets())
     store._buckets[bucket][key.encode()] = b"not an entry"
-    part.feed([record(FAR + 1, key)])
-    await part.work()  # the read fails: BROKEN, wiped on release
-    await part.close(commit=False)
-    replicas.remember(TP, part.position)
+    harness.feed([record(FAR + 1, key)])
+    await harness.work()  # the read fails: BROKEN, wiped on release
+    part.close()
+    replicas.remember(TP, part.released_at)
     assert not store.path.exists()
     claim = replicas.claim()
     assert claim.positions.get(TP, -1) == -1
@@ -159,28 +138,26 @@ async def test_a_served_store_wiped_on_release_is_no_longer_claimed(part: Partit
 
 
 async def test_a_store_on_disk_ahead_of_its_changelog_claims_nothing_at_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """A worker starts with two stores on disk: the one whose position is beyond its changelog's end (another log's
     cache) is not claimed, the other is; so the leader leaves the first partition with its sticky owner."""
-    install(monkeypatch, producers=ProducerFactory())
-    monkeypatch.setattr(standbys_module, "ChangelogReader", FakeReader)
     ahead, behind = TP, TopicPartition(INPUT, 1)
     state_dir = tmp_path / "w"
-    placed = StandbyReplicas(make_partition(state_dir).context, {TOPICS.input: TOPICS.changelog}, dict)
+    placed = StandbyReplicas(Harness(state_dir).context, {TOPICS.input: TOPICS.changelog}, dict)
     changelog = TOPICS.changelog
-    # the ids the fake topic layout gives the worker (install): its stores carry them
+    # the ids the fake topic layout gives the worker (fake_io): its stores carry them
     placed.context = replace(placed.context, cluster="fake-cluster", topic_ids={changelog: f"id-{changelog}"})
     _store_at(placed, ahead, 5 * FAR)
     _store_at(placed, behind, 500)
-    monkeypatch.setattr(
-        FakeReader, "ENDS", {TopicPartition(changelog, 0): FAR + 1, TopicPartition(changelog, 1): 600}
-    )
-    worker = Worker(settings(state_dir, standby_replicas=1), TOPOLOGY)
+    reader = FakeReader(ends={TopicPartition(changelog, 0): FAR + 1, TopicPartition(changelog, 1): 600})
+    io, _clients = fake_io(reader=reader)
+    worker = Worker(settings(state_dir, standby_replicas=1), TOPOLOGY, io=io)
     await worker.start()
     try:
-        standbys = worker._standbys
-        assert standbys is not None
+        table = worker._table
+        assert table is not None
+        standbys = table.standbys
         claim = standbys.claim()
         assert claim.positions == {behind: 500}
         owner = Claim(SUB, {ahead: FAR}, active=frozenset({ahead}))
@@ -192,11 +169,11 @@ async def test_a_store_on_disk_ahead_of_its_changelog_claims_nothing_at_start(
 
 
 async def test_a_standby_does_not_claim_its_store_before_checking_it_against_the_changelog(
-    part: Partition, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A standby opens a store whose position (5 * FAR) its changelog never reached; until a round has compared it
     with the changelog's end, the worker claims nothing of it, and the sticky owner keeps the partition."""
-    replicas = _replicas(part)
+    replicas = _replicas(harness)
     _store_at(replicas, TP, 5 * FAR)
     never = asyncio.Event()
 
@@ -204,7 +181,7 @@ async def test_a_standby_does_not_claim_its_store_before_checking_it_against_the
         await never.wait()  # the end is not read yet
         return 0, 0
 
-    monkeypatch.setattr(standby_module, "catch_up", catch_up)
+    monkeypatch.setattr(replicas.context.require_restorer(), "catch_up", catch_up)
     replicas.assignor.standbys = frozenset({TP})
     await replicas.assigned(set())
     try:

@@ -1,14 +1,13 @@
-"""A partition under the faults the simulation found: refused timestamps, a refused DLQ, fences mid-batch, bad reads."""
+"""A task under the faults the simulation found: refused timestamps, a refused DLQ, fences mid-batch, bad reads."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.errors import InvalidTimestampError, MessageSizeTooLargeError, ProducerFenced
 
 from pipeline.errors import PartitionUnservedError
@@ -18,51 +17,51 @@ from pipeline.worker.lifecycle import PartitionState
 from .fakes import (
     TOPICS,
     Harness,
-    ProducerFactory,
     Sent,
-    install,
     keys_for,
-    make_partition,
     record,
     records,
+    tp,
 )
 
 S = PartitionState
 K = keys_for(0, 12)
+TP0 = tp(0)
 Opener = Callable[..., Awaitable[Harness]]
 
 
 @pytest.fixture
-def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
-    """Open partition 0 for real (store in tmp_path) over FakeProducers sharing one broker view."""
+def open_partition(tmp_path: Path) -> Iterator[Opener]:
+    """Open partition 0's task for real (store in tmp_path) over a FakeProducer's transaction."""
+    opened: list[Harness] = []
 
     async def make(**overrides: Any) -> Harness:
-        producers = ProducerFactory()
-        install(monkeypatch, producers=producers)
-        seeks: list[tuple[TopicPartition, int]] = []
-        part = make_partition(tmp_path, seeks=seeks, **overrides)
-        await part.open()
-        return Harness(part, producers.of(0), seeks)
+        harness = Harness(tmp_path, overrides)
+        await harness.open(0)
+        opened.append(harness)
+        return harness
 
-    return make
+    yield make
+    for harness in opened:
+        harness.close()
 
 
 async def _drive(h: Harness, batch: list[Any], *, rounds: int = 30) -> None:
     """Handle and commit ``batch`` as the loop does, following every rewind, until all of it is committed."""
     position, end = batch[0].offset, batch[-1].offset + 1
     for _ in range(rounds):
-        assert h.part.state is S.READY, h.part.state
+        assert h.task().state is S.READY, h.task().state
         seeks = len(h.seeks)
         fetched = [r for r in batch if r.offset >= position]
         position = end
         if fetched:
-            h.part.feed(fetched)
-        await h.part.work()
+            h.feed(fetched)
+        await h.work()
         if len(h.seeks) == seeks:
-            await h.part.commit()
+            await h.commit()
         if len(h.seeks) > seeks:
             position = h.seeks[-1][1]
-        elif not h.part.queue and h.producer.committed_offset() == end:
+        elif not h.task().queue and h.producer.committed_offset() == end:
             return
     raise AssertionError(f"not committed in {rounds} rounds: {h.producer.calls[-12:]}")
 
@@ -93,29 +92,7 @@ async def test_a_record_whose_outputs_are_refused_for_their_timestamp_is_redone_
     assert restamped[0].timestamp <= int(time.time() * 1000)
     assert dict(restamped[0].headers)[ORIGINAL_TIMESTAMP_HEADER] == str(ahead).encode()
     assert h.producer.dlq() == []
-    assert (
-        len(h.producer.made_after_start()) >= 1
-    )  # the refused batch broke the producer's sequence: replaced
-
-
-async def test_a_producer_is_not_replaced_by_a_worker_the_group_no_longer_confirms(
-    open_partition: Opener,
-) -> None:
-    """After a refused batch, a worker the coordinator no longer counts a member starts no new producer (which would
-    fence the partition's new assignee): the partition is BROKEN, for the loop to close."""
-    answers = [True]  # the open is confirmed; nothing after it
-
-    async def member() -> bool:
-        return answers.pop(0) if answers else False
-
-    h = await open_partition(member=member)
-    now_ms = int(time.time() * 1000)
-    h.producer.fail_send_if = _refuse_timestamps_after(now_ms + 3_600_000)
-    h.part.feed([record(10, K[0], timestamp=now_ms + 60 * 86_400_000)])
-    await h.part.work()
-    await h.part.commit()
-    assert h.part.state is S.BROKEN
-    assert h.producer.made_after_start() == []
+    assert h.replaced >= 1  # the refused batch broke the producer's sequence: replaced
 
 
 async def test_topics_bounds_known_at_start_stamp_outputs_now_without_a_refusal(
@@ -123,8 +100,7 @@ async def test_topics_bounds_known_at_start_stamp_outputs_now_without_a_refusal(
 ) -> None:
     """With the topics' timestamp bounds known, an output that would be refused is stamped now at once."""
     h = await open_partition()
-    assert h.part.txn is not None
-    h.part.txn.timestamps = {TOPICS.commands: (2**63 - 1, 3_600_000)}
+    h.txn.timestamps = {TOPICS.commands: (2**63 - 1, 3_600_000)}
     ahead = int(time.time() * 1000) + 60 * 86_400_000
     await _drive(h, [record(10, K[0], timestamp=ahead)])
     [command] = h.producer.committed_to(TOPICS.commands)
@@ -169,7 +145,7 @@ async def test_a_dlq_record_refused_for_its_timestamp_is_redone_stamped_now(open
     assert dead.json()["reason"] == "unproducible"
     assert dead.timestamp <= int(time.time() * 1000)
     assert dict(dead.headers)[ORIGINAL_TIMESTAMP_HEADER] == str(ahead).encode()
-    assert h.part.state is S.READY
+    assert h.task().state is S.READY
 
 
 async def test_a_dlq_record_refused_for_its_timestamp_even_stamped_now_stops_the_partition(
@@ -193,18 +169,21 @@ async def test_a_dlq_record_refused_for_its_timestamp_even_stamped_now_stops_the
         await _drive(h, records(0, 10, K[:3]), rounds=60)
 
 
-async def test_a_fence_seen_while_aborting_makes_the_partition_fenced_not_broken(
+async def test_a_fence_seen_while_aborting_asks_for_a_new_producer_and_a_rejoin(
     open_partition: Opener,
 ) -> None:
-    """A batch fails, and its abort finds the producer fenced: FENCED (dropped until assigned again), never
-    BROKEN (which would reopen it and fence the rightful owner)."""
+    """A transaction is refused, and its abort finds the producer fenced: a new producer and a rejoin are
+    asked for, the task goes back to its first record and stays READY."""
     h = await open_partition()
     h.producer.fail["send"].append(MessageSizeTooLargeError())
     h.producer.fail["abort"].append(ProducerFenced())
-    h.part.feed(records(0, 10, K[:2]))
-    await h.part.work()
-    await h.part.commit()
-    assert h.part.state is S.FENCED
+    h.feed(records(0, 10, K[:2]))
+    await h.work()
+    await h.commit()
+    assert [(o.replace_producer, o.rejoin) for o in h.outcomes if o.replace_producer] == [(True, True)]
+    assert h.replaced == 1
+    assert h.seeks == [(TP0, 10)]
+    assert h.task().state is S.READY
 
 
 async def test_an_entry_the_store_cannot_read_breaks_the_partition_and_wipes_the_store(
@@ -213,15 +192,15 @@ async def test_an_entry_the_store_cannot_read_breaks_the_partition_and_wipes_the
     """A lookup that finds an undecodable entry: the batch is aborted, the partition BROKEN, its store wiped on close."""
     h = await open_partition()
     await _drive(h, [record(10, K[0])])
-    store = h.part.store
+    store = h.task().store
     assert store is not None
     [bucket] = list(store.buckets())
     store._buckets[bucket][K[1].encode()] = b"not an entry"
-    h.part.feed([record(11, K[1])])
-    await h.part.work()
-    assert h.part.state is S.BROKEN
+    h.feed([record(11, K[1])])
+    await h.work()
+    assert h.task().state is S.BROKEN
     path = store.path
-    await h.part.close(commit=False)
+    h.task().close()
     assert not path.exists()  # restored from the changelog when the partition opens again
 
 
@@ -231,7 +210,7 @@ async def test_a_failed_read_of_the_store_breaks_the_partition_instead_of_the_wo
     """RocksDB failing a read (a disk error) aborts the batch and makes the partition BROKEN: reopened, not a crash."""
     h = await open_partition()
     await _drive(h, [record(10, K[0])])
-    store = h.part.store
+    store = h.task().store
     assert store is not None
 
     class Failing:
@@ -239,9 +218,9 @@ async def test_a_failed_read_of_the_store_breaks_the_partition_instead_of_the_wo
             raise Exception("IO error: read failed")
 
     monkeypatch.setattr(store, "_buckets", {b: Failing() for b in store.buckets()})
-    h.part.feed([record(11, K[1])])
-    await h.part.work()
-    assert h.part.state is S.BROKEN
+    h.feed([record(11, K[1])])
+    await h.work()
+    assert h.task().state is S.BROKEN
     assert "abort" in h.producer.calls
 
 
@@ -253,12 +232,13 @@ async def test_only_accepted_records_move_stream_time_and_never_past_the_skew_bo
     ahead = int(time.time() * 1000) + 60 * 86_400_000
     bad = record(10, None, value=b"not json", timestamp=ahead)
     await _drive(h, [bad])
-    assert h.part.store is not None
-    before = h.part.store.stream_time
+    store = h.task().store
+    assert store is not None
+    before = store.stream_time
     assert before < ahead - 86_400_000
     began = int(time.time() * 1000)
     await _drive(h, [record(11, K[0], timestamp=ahead)])
-    moved = h.part.store.stream_time
+    moved = store.stream_time
     assert began + 3_600_000 <= moved <= int(time.time() * 1000) + 3_600_000
     audit = [s.json() for s in h.producer.committed_to(TOPICS.audit)]
     assert audit[-1]["expires_at"] <= moved + 7 * 86_400_000  # claimed at the bound, not 60 days ahead

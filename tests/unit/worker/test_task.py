@@ -1,15 +1,15 @@
-"""One owned partition, between pure units and the broker: a real RocksDB store, a stand-in producer.
+"""One served partition's task in the worker's transaction, between pure units and the broker: a real
+RocksDB store, a stand-in producer.
 
-Each test is one rule of docs/design.md sections 5-7 (the commit order, the
-lifecycle, the failure policy) as ``Partition`` carries it out: what is
-committed, what goes to the DLQ and why, what the store holds, where the
-consumer is sent back to, and which state the partition ends in.
+Each test is one rule of docs/design.md sections 5-7 (the commit order, the lifecycle, the failure
+policy) as the task and the executor carry it out: what is committed, what goes to the DLQ and why,
+what the store holds, where the consumer is sent back to, and which state the task ends in.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,10 @@ from pipeline.state.decision import Entry, blake_fingerprint, normalised_fingerp
 from pipeline.state.directory import store_path
 from pipeline.state.store import Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
-from pipeline.worker import opening as opening_module
 from pipeline.worker.health import partition_health
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.opening import BACKOFF_FIRST
-from pipeline.worker.partition import Partition
+from pipeline.worker.task import ActiveTask
 
 from .fakes import (
     INPUT,
@@ -48,12 +47,9 @@ from .fakes import (
     TOPOLOGY,
     FakeProducer,
     Harness,
-    ProducerFactory,
     Sent,
     body,
-    install,
     keys_for,
-    make_partition,
     record,
     records,
     tp,
@@ -67,26 +63,28 @@ Opener = Callable[..., Awaitable[Harness]]
 
 
 @pytest.fixture
-def open_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
-    """Open partition 0 for real (store in tmp_path) over a FakeProducer and a restore that applies nothing."""
+def open_partition(tmp_path: Path) -> Iterator[Opener]:
+    """Open partition 0's task for real (store in tmp_path) over a FakeProducer's transaction and an empty changelog."""
     opened: list[Harness] = []
 
     async def make(*, limits: dict[str, int] | None = None, **overrides: Any) -> Harness:
-        producers = ProducerFactory()
-        install(monkeypatch, producers=producers)
-        seeks: list[tuple[TopicPartition, int]] = []
-        part = make_partition(tmp_path, limits=limits, seeks=seeks, **overrides)
-        await part.open()
-        harness = Harness(part, producers.of(0), seeks)
+        harness = Harness(tmp_path, overrides, limits)
+        await harness.open(0)
         opened.append(harness)
         return harness
 
-    return make
+    yield make
+    for harness in opened:
+        harness.close()
+
+
+async def _open(h: Harness, task: ActiveTask) -> None:
+    await task.open(h.txn, time.monotonic() + h.settings.open_timeout)
 
 
 def _explode_on(monkeypatch: pytest.MonkeyPatch, h: Harness, offset: int) -> list[int]:
     """Make classifying the record at ``offset`` raise, as a bug would; the offsets classified so far."""
-    classifier = h.part.context.classifier
+    classifier = h.context.classifier
     classify = classifier.classify
     calls: list[int] = []
 
@@ -102,21 +100,22 @@ def _explode_on(monkeypatch: pytest.MonkeyPatch, h: Harness, offset: int) -> lis
 
 def _claimed(h: Harness, *keys: str) -> set[str]:
     """Which of ``keys`` the partition's store holds."""
-    assert h.part.store is not None
-    return {k.decode() for k in h.part.store.get_many([k.encode() for k in keys])}
+    store = h.task().store
+    assert store is not None
+    return {k.decode() for k in store.get_many([k.encode() for k in keys])}
 
 
-def _limit(part: Partition) -> int | None:
+def _limit(part: ActiveTask) -> int | None:
     """The bisecting limit: the most records one transaction may hold now (None: no limit)."""
     return part.poison.limit
 
 
-def _poison(part: Partition) -> Mapping[int, Any]:
+def _poison(part: ActiveTask) -> Mapping[int, Any]:
     """The offsets the partition sends to the DLQ without handling them again, with why."""
     return part.poison.poison
 
 
-def _state(part: Partition) -> PartitionState:
+def _state(part: ActiveTask) -> PartitionState:
     """The partition's state, read anew: mypy keeps ``part.state`` narrowed by an earlier assert
     across the awaits that change it (python/mypy#11969)."""
     return part.state
@@ -124,12 +123,6 @@ def _state(part: Partition) -> PartitionState:
 
 def _command_keys(producer: FakeProducer) -> list[str]:
     return [k.decode() for k in producer.committed_keys(TOPICS.commands) if k is not None]
-
-
-async def _handle_and_commit(h: Harness, batch: list[ConsumerRecord[bytes, bytes]]) -> None:
-    h.part.feed(batch)
-    await h.part.work()
-    await h.part.commit()
 
 
 async def _pump(
@@ -144,19 +137,19 @@ async def _pump(
     position, end = batch[0].offset, batch[-1].offset + 1
     limits: list[int | None] = []
     for _ in range(rounds):
-        assert h.part.state is S.READY
+        assert h.task().state is S.READY
         seeks = len(h.seeks)
         fetched = [r for r in batch if r.offset >= position]
         position = end
         if fetched:
-            h.part.feed(fetched)
-        await h.part.work()
+            h.feed(fetched)
+        await h.work()
         if len(h.seeks) == seeks:
-            await h.part.commit()
-        limits.append(_limit(h.part))
+            await h.commit()
+        limits.append(_limit(h.task()))
         if len(h.seeks) > seeks:
             position = h.seeks[-1][1]
-        elif not h.part.queue and h.producer.committed_offset() == end:
+        elif not h.task().queue and h.producer.committed_offset() == end:
             return limits
     raise AssertionError(f"the log was not committed in {rounds} rounds: {h.producer.calls}")
 
@@ -174,17 +167,19 @@ def _command_with(key: str, error: BaseException) -> Callable[[list[Sent]], Base
 # -- opening, and the commit order --------------------------------------------------------
 
 
-async def test_open_starts_the_producer_restores_and_is_ready(open_partition: Opener) -> None:
-    """open() goes OPENING → RESTORING → READY: the store opened, the fencing producer started, a stage set."""
+async def test_open_restores_and_is_ready(open_partition: Opener) -> None:
+    """open() goes OPENING → RESTORING → READY: the store opened and level with its changelog, a stage set;
+    nothing is sent (the worker's producer is the worker's)."""
     h = await open_partition()
-    assert h.part.state is S.READY
-    assert h.part.serving
-    assert h.producer.started
-    assert h.producer.transactional_id == f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"
-    assert h.part.store is not None
-    assert h.part.store.changelog_offset == -1
-    assert h.part.txn is not None
-    assert h.part.stage is not None
+    assert h.task().state is S.READY
+    assert h.task().serving
+    store = h.task().store
+    assert store is not None
+    assert store.changelog_offset == -1
+    assert h.task().part is not None
+    assert h.task().stage is not None
+    assert h.reader.entered == [TopicPartition(TOPICS.changelog, 0)]  # its changelog's end was read
+    assert h.producer.calls == []
 
 
 async def test_a_batch_commits_commands_for_new_keys_audit_for_every_record_and_changelog_for_staged_keys(
@@ -193,16 +188,12 @@ async def test_a_batch_commits_commands_for_new_keys_audit_for_every_record_and_
     """One transaction: a command per new key, an audit record per input record, a changelog record per staged change, offset last+1."""
     h = await open_partition()
     batch = [record(10, K[0]), record(11, K[1]), record(12, K[0])]  # the third is a copy of the first
-    await _handle_and_commit(h, batch)
+    await h.handle_and_commit(batch)
 
     p = h.producer
     assert p.violations == []
-    assert [c for c in p.calls if not c.startswith("send")] == [
-        "start",
-        "begin",
-        f"offsets {INPUT}-0:13",
-        "commit",
-    ]
+    assert [c for c in p.calls if not c.startswith("send")] == ["begin", f"offsets {INPUT}-0:13", "commit"]
+    assert p.generations == [1]  # the offsets carry the group's generation (TxnOffsetCommit v3)
     assert p.offsets == [(TP0, 13, GROUP)]
     commands = p.committed_to(TOPICS.commands)
     assert [s.key for s in commands] == [K[0].encode(), K[1].encode()]
@@ -222,15 +213,16 @@ async def test_the_store_is_written_only_after_the_kafka_commit(open_partition: 
     h = await open_partition()
     seen_at_commit: list[set[str]] = []
     h.producer.on_commit = lambda: seen_at_commit.append(_claimed(h, K[0], K[1]))
-    h.part.feed([record(10, K[0]), record(11, K[1])])
-    await h.part.work()
+    h.feed([record(10, K[0]), record(11, K[1])])
+    await h.work()
     assert _claimed(h, K[0], K[1]) == set()
-    await h.part.commit()
+    await h.commit()
     assert seen_at_commit == [set()]
     assert _claimed(h, K[0], K[1]) == {K[0], K[1]}
-    assert h.part.store is not None
-    assert h.part.store.changelog_offset == 1  # the last of the two changelog records (offsets 0 and 1)
-    assert h.part.state is S.READY
+    store = h.task().store
+    assert store is not None
+    assert store.changelog_offset == 1  # the last of the two changelog records (offsets 0 and 1)
+    assert h.task().state is S.READY
 
 
 async def test_a_copy_in_a_later_transaction_is_a_duplicate_and_makes_no_command(
@@ -238,8 +230,8 @@ async def test_a_copy_in_a_later_transaction_is_a_duplicate_and_makes_no_command
 ) -> None:
     """A key committed in one transaction suppresses its copy in the next: the store is what the next batch sees."""
     h = await open_partition()
-    await _handle_and_commit(h, [record(10, K[0])])
-    await _handle_and_commit(h, [record(11, K[0])])
+    await h.handle_and_commit([record(10, K[0])])
+    await h.handle_and_commit([record(11, K[0])])
     assert _command_keys(h.producer) == [K[0]]
     assert [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)] == ["first", "duplicate"]
     assert h.producer.offsets[-1] == (TP0, 12, GROUP)
@@ -254,11 +246,11 @@ async def test_a_redriven_record_older_than_its_ttl_claims_its_key_once_however_
     """A record redriven weeks after its time (stream time far past its TTL and every bucket of it) makes one
     command; its second redrive and a copy from the provider are duplicates."""
     h = await open_partition()
-    await _handle_and_commit(h, [record(10, K[1], timestamp=T0 + 30 * DAY_MS)])  # stream time: 30 days on
+    await h.handle_and_commit([record(10, K[1], timestamp=T0 + 30 * DAY_MS)])  # stream time: 30 days on
     replayed = [*record(11, K[0]).headers, (REPLAYED_FROM_HEADER, b"webhooks.dlq:0:5")]
     for offset in (11, 12):  # the same DLQ record redriven twice, with its original timestamp
-        await _handle_and_commit(h, [record(offset, K[0], timestamp=T0, headers=replayed)])
-    await _handle_and_commit(h, [record(13, K[0], timestamp=T0 + 1)])  # and the provider's own copy
+        await h.handle_and_commit([record(offset, K[0], timestamp=T0, headers=replayed)])
+    await h.handle_and_commit([record(13, K[0], timestamp=T0 + 1)])  # and the provider's own copy
     assert _command_keys(h.producer) == [K[1], K[0]]
     audit = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
     assert audit == ["first", "first", "duplicate", "duplicate"]
@@ -272,7 +264,7 @@ async def test_changelog_records_are_stamped_when_written_so_retention_runs_from
     retention.ms, on the broker's clock, counts from the claim; commands keep the input's time."""
     h = await open_partition()
     before = int(time.time() * 1000)
-    await _handle_and_commit(h, [record(10, K[0], timestamp=T0), record(11, K[1], timestamp=T0 + 1)])
+    await h.handle_and_commit([record(10, K[0], timestamp=T0), record(11, K[1], timestamp=T0 + 1)])
     after = int(time.time() * 1000)
     changelog = h.producer.committed_to(TOPICS.changelog)
     assert len(changelog) == 2
@@ -295,9 +287,9 @@ async def test_a_retry_differing_only_in_a_volatile_field_is_a_duplicate_and_ano
 ) -> None:
     """Stripe's retry (another pending_webhooks) is a duplicate; a copy whose body differs otherwise is a conflict; neither makes a command."""
     h = await open_partition()
-    await _handle_and_commit(h, [record(10, K[0], value=_stripe_body(K[0], pending=1))])
-    await _handle_and_commit(h, [record(11, K[0], value=_stripe_body(K[0], pending=3))])
-    await _handle_and_commit(h, [record(12, K[0], value=_stripe_body(K[0], pending=3, amount=999))])
+    await h.handle_and_commit([record(10, K[0], value=_stripe_body(K[0], pending=1))])
+    await h.handle_and_commit([record(11, K[0], value=_stripe_body(K[0], pending=3))])
+    await h.handle_and_commit([record(12, K[0], value=_stripe_body(K[0], pending=3, amount=999))])
     assert _command_keys(h.producer) == [K[0]]
     outcomes = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
     assert outcomes == ["first", "duplicate", "conflict"]
@@ -309,7 +301,7 @@ async def test_a_key_stored_with_an_older_kind_of_fingerprint_is_compared_by_tha
 ) -> None:
     """An entry written by an earlier version: a retry is still a duplicate, a changed body still a conflict."""
     h = await open_partition()
-    store = h.part.store
+    store = h.task().store
     assert store is not None
     first = _stripe_body(K[0], pending=1)
     if kind == "normalised":
@@ -326,8 +318,8 @@ async def test_a_key_stored_with_an_older_kind_of_fingerprint_is_compared_by_tha
     assert orjson.loads(reordered) == {**orjson.loads(first), "pending_webhooks": 2}
     # a normalised fingerprint ignores key order; one of the bytes sees only the volatile field change
     retry = reordered if kind == "normalised" else _stripe_body(K[0], pending=2)
-    await _handle_and_commit(h, [record(10, K[0], value=retry)])
-    await _handle_and_commit(h, [record(11, K[0], value=_stripe_body(K[0], pending=1, amount=5))])
+    await h.handle_and_commit([record(10, K[0], value=retry)])
+    await h.handle_and_commit([record(11, K[0], value=_stripe_body(K[0], pending=1, amount=5))])
     assert _command_keys(h.producer) == []
     outcomes = [s.json()["outcome"] for s in h.producer.committed_to(TOPICS.audit)]
     assert outcomes == ["duplicate", "conflict"]
@@ -344,18 +336,18 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
     batch = records(0, 10, K[:3])
     calls = _explode_on(monkeypatch, h, 11)
 
-    h.part.feed(batch)
-    await h.part.work()
+    h.feed(batch)
+    await h.work()
     assert "abort" in h.producer.calls
     assert "commit" not in h.producer.calls
     assert h.producer.committed == []
     assert h.seeks == [(TP0, 10)]
-    assert h.part.state is S.READY
-    assert h.part.queue == []
-    assert _poison(h.part)[11].reason == "handler-error"
+    assert h.task().state is S.READY
+    assert h.task().queue == []
+    assert _poison(h.task())[11].reason == "handler-error"
 
     calls.clear()
-    await _handle_and_commit(h, batch)  # the consumer, moved back to 10, fetches the same records
+    await h.handle_and_commit(batch)  # the consumer, moved back to 10, fetches the same records
     assert 11 not in calls  # the poison record is not classified again
     assert 10 in calls
     dlq = h.producer.dlq()
@@ -366,7 +358,7 @@ async def test_a_record_whose_handling_raises_aborts_the_batch_and_goes_to_the_d
     assert [(a["offset"], a["outcome"]) for a in audit] == [(10, "first"), (11, "invalid"), (12, "first")]
     assert _claimed(h, *K[:3]) == {K[0], K[2]}
     assert h.producer.committed_offset() == 13
-    assert dict(_poison(h.part)) == {}  # forgotten once committed past it
+    assert dict(_poison(h.task())) == {}  # forgotten once committed past it
     assert h.producer.violations == []
 
 
@@ -380,14 +372,14 @@ async def test_a_hostile_received_at_goes_to_the_dlq_as_bad_header_without_raisi
         K[1],
         headers=[(SOURCE_HEADER, b"stripe"), (RECEIVED_AT_HEADER, b"100000000000000000000")],
     )
-    await _handle_and_commit(h, [record(10, K[0]), hostile, record(12, K[2])])
+    await h.handle_and_commit([record(10, K[0]), hostile, record(12, K[2])])
     assert "abort" not in h.producer.calls
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(11, "bad-header")]
     assert _command_keys(h.producer) == [K[0], K[2]]
     assert _claimed(h, *K[:3]) == {K[0], K[2]}
     assert h.producer.committed_offset() == 13
-    assert h.part.state is S.READY
+    assert h.task().state is S.READY
 
 
 async def test_a_command_larger_than_its_topic_takes_goes_to_the_dlq_as_too_large_and_its_key_stays_unclaimed(
@@ -396,15 +388,15 @@ async def test_a_command_larger_than_its_topic_takes_goes_to_the_dlq_as_too_larg
     """A command over the topic's limit: DLQ (too-large), no command, no claim; the partition goes on with the next record."""
     h = await open_partition(limits={TOPICS.commands: 5000})
     big = record(10, K[0], value=body(K[0], pad=6000))
-    await _handle_and_commit(h, [big, record(11, K[1])])
+    await h.handle_and_commit([big, record(11, K[1])])
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(10, "too-large")]
     assert _command_keys(h.producer) == [K[1]]
     assert K[0].encode() not in h.producer.committed_keys(TOPICS.changelog)
     assert _claimed(h, K[0], K[1]) == {K[1]}
     assert h.producer.committed_offset() == 12
-    assert h.part.state is S.READY
-    await _handle_and_commit(h, [record(12, K[2])])
+    assert h.task().state is S.READY
+    await h.handle_and_commit([record(12, K[2])])
     assert _command_keys(h.producer) == [K[1], K[2]]
 
 
@@ -436,7 +428,7 @@ async def test_a_commit_refused_twice_from_one_offset_bisects_until_the_offendin
         4,
         None,
     ]  # 8 records fail twice → 4 → 2 → 1 alone → to the DLQ → 2 → 4 → 8: no limit
-    assert _limit(h.part) is None  # grown back to whole transactions
+    assert _limit(h.task()) is None  # grown back to whole transactions
     dlq = h.producer.dlq()
     assert [(d["offset"], d["reason"]) for d in dlq] == [(13, "unproducible")]
     assert "MessageSizeTooLargeError" in dlq[0]["error"]
@@ -514,21 +506,23 @@ async def test_a_retriable_commit_failure_is_redone_and_never_bisects_or_dlqs(
 
 
 @pytest.mark.parametrize("at", ["begin", "commit"])
-async def test_fenced_at_begin_or_commit_makes_the_partition_fenced(open_partition: Opener, at: str) -> None:
-    """ProducerFenced (another owner took the transactional id) drops the partition: FENCED, nothing committed, never retried."""
+async def test_a_fence_at_begin_or_commit_aborts_and_asks_for_a_new_producer_and_a_rejoin(
+    open_partition: Opener, at: str
+) -> None:
+    """ProducerFenced (the broker timed the transaction out, or another process took the id): nothing committed,
+    the task back at its first record, a new producer and a rejoin asked; the task stays READY."""
     h = await open_partition()
     h.producer.fail[at].append(ProducerFenced())
-    h.part.feed(records(0, 10, K[:2]))
-    await h.part.work()
-    await h.part.commit()
-    assert h.part.state is S.FENCED
-    assert not h.part.serving
+    h.feed(records(0, 10, K[:2]))
+    await h.work()
+    await h.commit()
     assert h.producer.committed == []
-    assert h.seeks == []
-    await h.part.close(commit=True)
-    assert _state(h.part) is S.CLOSED
-    assert "commit" not in h.producer.calls[h.producer.calls.index(at) + 1 :]
-    assert h.producer.stopped
+    assert h.seeks == [(TP0, 10)]
+    asked = [o for o in h.outcomes if o.replace_producer]
+    assert len(asked) == 1
+    assert asked[0].rejoin
+    assert h.task().state is S.READY
+    assert not h.txn.open
 
 
 async def test_a_failed_store_write_after_the_kafka_commit_makes_the_partition_broken(
@@ -536,21 +530,21 @@ async def test_a_failed_store_write_after_the_kafka_commit_makes_the_partition_b
 ) -> None:
     """Kafka committed but RocksDB refused: BROKEN (reopen and restore), the store's changelog offset unchanged."""
     h = await open_partition()
-    store = h.part.store
+    store = h.task().store
     assert store is not None
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise StoreError("disk full")
 
     monkeypatch.setattr(store, "write", refuse)
-    await _handle_and_commit(h, records(0, 10, K[:2]))
+    await h.handle_and_commit(records(0, 10, K[:2]))
     assert h.producer.calls[-1] == "commit"
     assert h.producer.committed_offset() == 12
-    assert h.part.state is S.BROKEN
+    assert h.task().state is S.BROKEN
     assert store.changelog_offset == -1
     assert _claimed(h, *K[:2]) == set()
-    await h.part.close(commit=True)
-    assert _state(h.part) is S.CLOSED
+    h.task().close()
+    assert _state(h.task()) is S.CLOSED
 
 
 # -- open failures and closing -----------------------------------------------------------
@@ -564,17 +558,16 @@ async def test_a_store_of_another_identity_refuses_to_open_at_once(
     bucket_ms = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
     theirs = StoreIdentity(TOPOLOGY.app, GROUP, INPUT, 1, TOPICS.changelog)
     PartitionStore.open(path, bucket_ms=bucket_ms, identity=theirs).close()
-    producers = ProducerFactory()
-    install(monkeypatch, producers=producers)
-    part = make_partition(tmp_path, open_timeout=30.0)
+    h = Harness(tmp_path, {"open_timeout": 30.0})
+    part = h.task(0)
 
     began = time.monotonic()
     with pytest.raises(PartitionUnservedError, match="belongs to"):
-        await part.open()
+        await _open(h, part)
     assert time.monotonic() - began < BACKOFF_FIRST  # no backoff: not retried
     assert part.state is S.CLOSED
     assert part.store is None
-    assert not producers.made  # never got as far as the producer
+    assert h.reader.entered == []  # never got as far as the restore
     PartitionStore.open(path, bucket_ms=bucket_ms, identity=theirs).close()  # still theirs, not wiped
 
 
@@ -584,8 +577,8 @@ async def test_an_unusable_state_dir_is_retried_until_open_timeout_then_the_part
     """A state dir that is a regular file is retried with backoff until open_timeout, then PartitionUnservedError and CLOSED."""
     state_dir = tmp_path / "state"
     state_dir.write_text("not a directory")
-    install(monkeypatch)
-    part = make_partition(state_dir, open_timeout=1.0)
+    h = Harness(state_dir, {"open_timeout": 1.0})
+    part = h.task(0)
     attempts: list[float] = []
     real_open_store = directory.open_store
 
@@ -597,7 +590,7 @@ async def test_an_unusable_state_dir_is_retried_until_open_timeout_then_the_part
 
     began = time.monotonic()
     with pytest.raises(PartitionUnservedError, match="cannot be served"):
-        await part.open()
+        await _open(h, part)
     elapsed = time.monotonic() - began
     assert len(attempts) >= 2  # retried
     assert BACKOFF_FIRST <= elapsed <= 1.0 + 0.5  # within the deadline
@@ -605,87 +598,23 @@ async def test_an_unusable_state_dir_is_retried_until_open_timeout_then_the_part
     assert part.store is None
 
 
-async def test_a_failing_producer_start_is_retried_and_a_new_producer_made_each_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A broker not reachable at open (retriable) is retried: each attempt makes and stops its own producer, then READY."""
-    made: list[FakeProducer] = []
-
-    def prepare(producer: FakeProducer) -> None:
-        if not made:
-            producer.fail["start"].append(KafkaConnectionError())
-        made.append(producer)
-
-    install(monkeypatch, producers=ProducerFactory(prepare))
-    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
-    part = make_partition(tmp_path, open_timeout=5.0)
-    await part.open()
-    assert part.state is S.READY
-    assert len(made) == 2
-    assert made[0].stopped  # the failed one was stopped, not leaked
-    assert part.producer is not None
-    assert part.producer.client is made[1]
-    await part.close(commit=False)
-
-
-async def test_no_producer_starts_until_the_group_confirms_this_worker_is_a_member(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker the group may have dropped (an outage, a pause) starts no producer, which would fence the partition's
-    new assignee, until the coordinator confirms its generation; opening retries meanwhile."""
-    made: list[FakeProducer] = []
-    answers = [False, None, True]
-    asked = 0
-
-    async def member() -> bool | None:
-        nonlocal asked
-        asked += 1
-        return answers.pop(0)
-
-    install(monkeypatch, producers=ProducerFactory(made.append))
-    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
-    part = make_partition(tmp_path, open_timeout=5.0, member=member)
-    await part.open()
-    assert part.state is S.READY
-    assert asked == 3
-    assert len(made) == 1  # started once, after the group said yes
-    await part.close(commit=False)
-
-
-async def test_a_worker_the_group_never_confirms_gives_up_the_partition_without_a_producer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When the coordinator keeps answering that this worker is not a member, the partition closes unserved
-    after open_timeout and no producer was ever started."""
-    made: list[FakeProducer] = []
-
-    async def member() -> bool:
-        return False
-
-    install(monkeypatch, producers=ProducerFactory(made.append))
-    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
-    part = make_partition(tmp_path, open_timeout=0.2, member=member)
-    with pytest.raises(PartitionUnservedError, match="does not confirm"):
-        await part.open()
-    assert part.state is S.CLOSED
-    assert made == []
-
-
-async def test_close_without_commit_after_an_exception_aborts_and_never_commits(
+async def test_an_abort_on_stop_after_an_exception_commits_nothing_and_close_releases_the_store(
     open_partition: Opener,
 ) -> None:
-    """close(commit=False) (shutdown after an exception) aborts the open transaction; nothing is claimed; producer and store released."""
+    """A stop after an exception aborts the open transaction: nothing committed or claimed; closing the task
+    releases its store's lock."""
     h = await open_partition()
-    h.part.feed(records(0, 10, K[:3]))
-    await h.part.work()
-    store_dir = h.part.store.path if h.part.store else None
-    await h.part.close(commit=False)
-    assert h.producer.calls[-2:] == ["abort", "stop"]
+    h.feed(records(0, 10, K[:3]))
+    await h.work()
+    held = h.task().store
+    store_dir = held.path if held else None
+    await h.executor.abort()
+    h.task().close()
+    assert h.producer.calls[-1] == "abort"
     assert "commit" not in h.producer.calls
     assert h.producer.committed == []
-    assert h.part.state is S.CLOSED
-    assert h.part.store is None
-    assert h.part.producer is None
+    assert h.task().state is S.CLOSED
+    assert h.task().store is None
     assert store_dir is not None
     bucket_ms = bucket_width(int(TOPOLOGY.max_ttl.total_seconds() * 1000))
     reopened = PartitionStore.open(store_dir, bucket_ms=bucket_ms)  # its lock was released
@@ -695,46 +624,33 @@ async def test_close_without_commit_after_an_exception_aborts_and_never_commits(
         reopened.close()
 
 
-async def test_close_with_commit_on_a_clean_stop_commits_the_open_transaction(open_partition: Opener) -> None:
-    """close(commit=True) (revoked, or a clean stop) commits what is open before releasing the partition."""
-    h = await open_partition()
-    h.part.feed(records(0, 10, K[:2]))
-    await h.part.work()
-    await h.part.close(commit=True)
-    assert "abort" not in h.producer.calls
-    assert h.producer.committed_offset() == 12
-    assert _command_keys(h.producer) == K[:2]
-    assert h.part.state is S.CLOSED
-    assert h.producer.stopped
-
-
 FATAL = "Invalid state transition TransactionState.FATAL_ERROR -> TransactionState.IN_TRANSACTION"
 
 
 @pytest.mark.parametrize("at", ["begin", "commit"])
-async def test_a_producer_gone_fatal_makes_the_partition_broken_without_committing(
+async def test_a_producer_gone_fatal_is_replaced_and_nothing_is_committed(
     open_partition: Opener, at: str
 ) -> None:
-    """aiokafka asserts on its state machine once its sender died: BROKEN (reopened), nothing committed or claimed."""
+    """aiokafka asserts on its state machine once its sender died: a new producer is asked for, nothing committed
+    or claimed, the task back at its first record and still READY."""
     h = await open_partition()
     h.producer.fail[at].append(AssertionError(FATAL))
-    h.part.feed(records(0, 10, K[:2]))
-    await h.part.work()
-    await h.part.commit()
-    assert h.part.state is S.BROKEN
+    h.feed(records(0, 10, K[:2]))
+    await h.work()
+    await h.commit()
+    assert [o.replace_producer for o in h.outcomes if o.replace_producer] == [True]
     assert h.producer.committed == []
     assert h.producer.offsets == []
     assert _claimed(h, *K[:2]) == set()
-    assert h.part.txn is not None
-    assert not h.part.txn.in_transaction
-    await h.part.close(commit=True)
-    assert _state(h.part) is S.CLOSED
+    assert h.seeks == [(TP0, 10)]
+    assert not h.txn.open
+    assert h.task().state is S.READY
 
 
 def _events(h: Any) -> dict[str, float]:
     """pipeline_events_total by outcome, as Prometheus would scrape it."""
     counts: dict[str, float] = {}
-    for family in h.part.metrics.registry.collect():
+    for family in h.metrics.registry.collect():
         if family.name == "pipeline_events":
             for sample in family.samples:
                 if sample.name == "pipeline_events_total":
@@ -750,12 +666,12 @@ async def test_records_of_an_aborted_transaction_are_counted_once_when_redone(
     h = await open_partition()
     batch = records(0, 10, K[:3])
     _explode_on(monkeypatch, h, 11)
-    h.part.feed(batch)
-    await h.part.work()  # 10 handled, 11 raises: aborted
+    h.feed(batch)
+    await h.work()  # 10 handled, 11 raises: aborted
     h.producer.fail["commit"].append(KafkaTimeoutError())
-    await _handle_and_commit(h, batch)  # redone, then the commit is refused: aborted again
+    await h.handle_and_commit(batch)  # redone, then the commit is refused: aborted again
     assert h.producer.committed == []
-    await _handle_and_commit(h, batch)
+    await h.handle_and_commit(batch)
     assert h.producer.committed_offset() == 13
     assert _events(h) == {"first": 2, "invalid": 1}
 
@@ -769,11 +685,11 @@ async def test_a_store_held_by_another_owner_is_waited_for_store_lock_wait_then_
     ours = StoreIdentity(TOPOLOGY.app, GROUP, INPUT, 0, TOPICS.changelog)
     holder = PartitionStore.open(path, bucket_ms=bucket_ms, identity=ours)
     try:
-        install(monkeypatch)
-        part = make_partition(tmp_path, open_timeout=30.0, store_lock_wait=1.0)
+        h = Harness(tmp_path, {"open_timeout": 30.0, "store_lock_wait": 1.0})
+        part = h.task(0)
         began = time.monotonic()
         with pytest.raises(PartitionUnservedError, match="lock"):
-            await part.open()
+            await _open(h, part)
         elapsed = time.monotonic() - began
         assert BACKOFF_FIRST <= elapsed < 3.0  # waited, but for the lock wait, not the 30 s open timeout
         assert part.state is S.CLOSED
@@ -785,9 +701,8 @@ async def test_a_partition_with_work_and_no_commit_for_stuck_after_is_stuck_and_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Records waiting and no commit for stuck_after seconds: stuck, neither alive nor ready; idle is never stuck."""
-    install(monkeypatch)
-    part = make_partition(tmp_path, stuck_after=5.0)
-    await part.open()
+    h = Harness(tmp_path, {"stuck_after": 5.0})
+    part = await h.open(0)
     now = time.monotonic()
     assert not part.stuck(now + 60)  # idle: nothing waits
     part.feed(records(0, 10, K[:1]))
@@ -802,4 +717,4 @@ async def test_a_partition_with_work_and_no_commit_for_stuck_after_is_stuck_and_
     assert not health.live  # a restart is what helps a stuck partition
     assert health.detail["status"] == "unhealthy"
     assert health.detail["partitions"] == {f"{INPUT}-0": "stuck"}
-    await part.close(commit=False)
+    part.close()
