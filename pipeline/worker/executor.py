@@ -13,10 +13,11 @@ What each failure aborts, now that a transaction spans partitions:
   other tasks redo their records once);
 - a store fails while records are handled: the same, and that task is reopened;
 - the broker refuses the transaction for what a record is (size, timestamp, a corrupt
-  record): aborted and redone; when the transaction held several partitions, transactions
-  then hold one partition each (the *suspects*, in turn) until each has committed alone, so
-  that the one whose record the broker refuses is found, and bisected as before
-  (:mod:`pipeline.worker.poison`), the others going on between its attempts;
+  record): aborted and redone; when the transaction held several partitions, each of them
+  (the *suspects*, in turn) then commits in a transaction of its own until it has committed
+  alone once, so that the one whose record the broker refuses is found, and bisected as before
+  (:mod:`pipeline.worker.poison`); the other partitions go on together in the transactions
+  between two of those;
 - any other refusal (broker down, timeouts): aborted and redone as it was;
 - the group refuses the offsets (this worker's generation is over): aborted; the worker
   rejoins its group;
@@ -73,22 +74,37 @@ class TaskExecutor:
         self.settings = settings
         self.metrics = metrics
         self.suspects: list[TopicPartition] = []  # after a refusal of several partitions: one a transaction
+        self._alone_last = False  # the last transaction held a task that goes alone: the others go next
 
     def eligible(self, tasks: Tasks) -> list[ActiveTask]:
-        """The tasks whose records go into the transaction now: a bisecting task alone, else the next
-        suspect alone, else every serving task."""
+        """The tasks whose records may go into the transaction now.
+
+        A task bisecting (a poison limit) or a suspect goes alone: into a transaction of its own,
+        and only while it has records; the others go together, in the transactions between two of
+        its (when they have records too), so that none waits more than one of its attempts.
+        """
         serving = [tasks[tp] for tp in sorted(tasks, key=_order) if tasks[tp].serving]
-        for task in serving:
-            if task.poison.limit is not None:
-                return [task]
         self.suspects = [tp for tp in self.suspects if tp in tasks and tasks[tp].serving]
-        if self.suspects:
-            return [tasks[self.suspects[0]]]
-        return serving
+        alone = set(self.suspects) | {t.tp for t in serving if t.poison.limit is not None}
+        others = [t for t in serving if t.tp not in alone]
+        if self.txn.open:
+            holding = set(self.txn.parts)
+            return [t for t in serving if t.tp in holding] if holding & alone else others
+        bisecting = [t for t in serving if t.poison.limit is not None and t.queue]
+        suspects = [tasks[tp] for tp in self.suspects if tasks[tp].queue]
+        waiting = bisecting + suspects
+        if waiting and (not self._alone_last or not any(t.queue for t in others)):
+            return waiting[:1]
+        return others
 
     async def process(self, tasks: Tasks) -> Outcome:
         """Handle the eligible tasks' queued records; abort everything on the first failure."""
-        for task in self.eligible(tasks):
+        chosen = self.eligible(tasks)
+        if not self.txn.open and chosen:
+            self._alone_last = len(chosen) == 1 and (
+                chosen[0].tp in self.suspects or chosen[0].poison.limit is not None
+            )
+        for task in chosen:
             try:
                 await task.work()
             except HandlerFailedError as exc:

@@ -279,12 +279,14 @@ class Worker:
             self._require(self._table),
             self._require(self._executor),
         )
+        if self._producer_wanted:  # before a fetch: what a fetch returns is never dropped
+            async with self._lock:
+                if not await self._replace_producer():
+                    return
         wait = poll_ms(executor.eligible(table.tasks), commit_interval=self.settings.commit_interval)
         hurry = self._stopping.is_set() or table.failure is not None
         batches = await self._fetch.next(consumer, wait, hurry=hurry)
         async with self._lock:
-            if self._producer_wanted and not await self._replace_producer():
-                return
             table.feed(batches)
             await self._settle(await executor.process(table.tasks))
             table.backpressure()
@@ -325,6 +327,8 @@ class Worker:
     async def _replace_producer(self) -> bool:
         """Start a new producer in place of one fenced or unusable; False while it cannot start yet."""
         txn = self._require(self._executor).txn
+        if not self._producer_wanted:
+            return True
         await txn.producer.stop()
         try:
             txn.producer = await self._start_producer()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import ProducerFenced
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
 from pipeline.cli import services
 from pipeline.errors import PartitionUnservedError
@@ -502,4 +502,22 @@ async def test_a_broken_partition_found_as_a_rebalance_begins_is_not_reopened_fo
     w.consumer.assigned.add(TP0)  # ... and a later rebalance gives it back here
     await w.worker.partitions_assigned({TP0})
     await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    await w.stop()
+
+
+async def test_records_fetched_while_a_new_producer_cannot_start_are_handled_once_it_does(
+    start_worker: Starter,
+) -> None:
+    """The producer is fenced and its replacement cannot start at once (the broker away): no record is fetched
+    meanwhile, so none is dropped; once a producer starts, every record is committed (seed 242 kept a partition
+    stuck behind records fetched and dropped)."""
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail["commit"].append(ProducerFenced())
+    refusals = [KafkaConnectionError(), KafkaConnectionError()]  # two replacements fail, the third starts
+    w.clients.producers.prepare = lambda p: p.fail["start"].extend(refusals[:1] and [refusals.pop()])
+    w.run()
+    await eventually(lambda: len(next(iter(w.clients.producers.made.values()))) >= 2, timeout=5.0)
+    w.consumer.logs[TP0].extend(records(0, 2, keys_for(0, 4)[2:]))  # come while no producer can start
+    await eventually(lambda: w.producer.offsets[-1:] == [(TP0, 4, GROUP)], timeout=8.0, what="all four committed")
+    assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 4)
     await w.stop()

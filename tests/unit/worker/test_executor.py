@@ -1,0 +1,147 @@
+"""The worker's one transaction over several partitions: what a failure in one of them aborts, and who goes next."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+
+from pipeline.errors import GroupGenerationFencedError
+
+from .fakes import TOPICS, Harness, Sent, keys_for, records, tp
+
+A, B = keys_for(0, 8), keys_for(1, 8)
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    made = Harness(tmp_path)
+    yield made
+    made.close()
+
+
+def _commands(h: Harness) -> set[str]:
+    return {k.decode() for k in h.producer.committed_keys(TOPICS.commands) if k is not None}
+
+
+async def test_records_of_several_partitions_commit_in_one_transaction(harness: Harness) -> None:
+    """Two partitions' records: one begin, one offset commit naming both partitions, one commit."""
+    await harness.open(0)
+    await harness.open(1)
+    await harness.handle_and_commit([*records(0, 0, A[:3]), *records(1, 0, B[:2])])
+    calls = [c for c in harness.producer.calls if not c.startswith("send")]
+    assert calls == ["begin", f"offsets {TOPICS.input}-0:3 {TOPICS.input}-1:2", "commit"]
+    assert _commands(harness) == set(A[:3] + B[:2])
+
+
+async def test_a_record_that_raises_aborts_every_partition_which_redoes_once(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record of partition 1 makes the handler raise: the whole transaction aborts, both partitions go back to
+    their first records; on the redo the record goes to the DLQ alone and everything else commits."""
+    await harness.open(0)
+    await harness.open(1)
+    classify = harness.context.classifier.classify
+
+    def exploding(delivery: object) -> object:
+        if getattr(delivery, "partition", None) == 1 and getattr(delivery, "offset", None) == 1:
+            raise ValueError("a bug")
+        return classify(delivery)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(harness.context.classifier, "classify", exploding)
+    batch = [*records(0, 0, A[:3]), *records(1, 0, B[:3])]
+    harness.feed(batch)
+    await harness.work()
+    assert harness.producer.committed == []
+    assert sorted(harness.seeks, key=lambda s: s[0].partition) == [(tp(0), 0), (tp(1), 0)]
+    await harness.handle_and_commit(batch)  # the consumer, moved back, fetches them again
+    assert _commands(harness) == {*A[:3], B[0], B[2]}
+    assert [(d["partition"], d["offset"], d["reason"]) for d in harness.producer.dlq()] == [
+        (1, 1, "handler-error")
+    ]
+    assert harness.producer.calls.count("abort") == 1  # the other partition redid its records once
+
+
+def _refuse(key: str) -> object:
+    def refuse(sent: list[Sent]) -> BaseException | None:
+        hit = any(s.topic == TOPICS.commands and s.key == key.encode() for s in sent)
+        return MessageSizeTooLargeError() if hit else None
+
+    return refuse
+
+
+async def test_a_refusal_a_record_causes_in_a_transaction_of_two_partitions_finds_the_record_alone(
+    harness: Harness,
+) -> None:
+    """The broker refuses a transaction of two partitions for one record's size: each partition then commits alone
+    in turn, the one holding the record bisects until it goes to the DLQ, and the other partition's records commit."""
+    await harness.open(0)
+    await harness.open(1)
+    bad = B[2]
+    harness.producer.fail_commit_if = _refuse(bad)  # type: ignore[assignment]
+    logs = {0: records(0, 0, A[:4]), 1: records(1, 0, B[:4])}
+    positions = {0: 0, 1: 0}
+    for _ in range(40):
+        seeks = len(harness.seeks)
+        for p, log in logs.items():
+            fetched = [r for r in log if r.offset >= positions[p]]
+            positions[p] = 4
+            if fetched:
+                harness.task(p).feed(fetched)
+        await harness.work()
+        if len(harness.seeks) == seeks:
+            await harness.commit()
+        for where, offset in harness.seeks[seeks:]:
+            positions[where.partition] = offset
+        if harness.producer.offsets and {o[0].partition: o[1] for o in harness.producer.offsets} == {
+            0: 4,
+            1: 4,
+        }:
+            break
+    assert _commands(harness) == set(A[:4] + B[:4]) - {bad}
+    assert [(d["partition"], d["reason"]) for d in harness.producer.dlq()] == [(1, "unproducible")]
+    assert harness.executor.suspects == []
+
+
+async def test_a_partition_bisecting_with_nothing_to_do_never_holds_the_others_back(harness: Harness) -> None:
+    """A partition left with a bisecting limit and no records (its producer went quiet) lets the others commit:
+    a limit goes alone only while it has records (seed 331 starved every other partition of its worker)."""
+    first = await harness.open(0)
+    await harness.open(1)
+    first.poison.limit = 8  # growing back after an isolated record, and nothing more comes
+    first.poison._growing = True
+    await harness.handle_and_commit(records(1, 0, B[:3]))
+    assert _commands(harness) == set(B[:3])
+
+
+async def test_a_bisecting_partition_and_the_others_take_turns(harness: Harness) -> None:
+    """With records on a bisecting partition and on another, the transactions alternate: one holds the bisecting
+    partition alone, the next the others."""
+    first = await harness.open(0)
+    await harness.open(1)
+    first.poison.limit = 1
+    first.poison._until = 100
+    harness.feed([*records(0, 0, A[:3]), *records(1, 0, B[:3])])
+    held = []
+    for _ in range(4):
+        await harness.work()
+        held.append(sorted(where.partition for where in harness.txn.parts))
+        await harness.commit()
+    assert held == [[0], [1], [0], [0]]  # alone, the others (all of partition 1's), alone, alone
+
+
+async def test_offsets_the_group_refuses_abort_the_transaction_and_ask_for_a_rejoin(harness: Harness) -> None:
+    """The group went on without this worker (a zombie): its offsets are refused, nothing is committed, the
+    partitions go back, and the worker rejoins; its producer is kept."""
+    await harness.open(0)
+    harness.producer.fail["offsets"].append(GroupGenerationFencedError("generation 1 is over"))
+    harness.feed(records(0, 0, A[:2]))
+    await harness.work()
+    outcome = await harness.commit()
+    assert outcome.rejoin
+    assert not outcome.replace_producer
+    assert harness.producer.committed == []
+    assert harness.producer.calls[-1] == "abort"
+    assert harness.seeks == [(tp(0), 0)]
