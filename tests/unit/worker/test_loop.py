@@ -518,6 +518,8 @@ async def test_records_fetched_while_a_new_producer_cannot_start_are_handled_onc
     w.run()
     await eventually(lambda: len(next(iter(w.clients.producers.made.values()))) >= 2, timeout=5.0)
     w.consumer.logs[TP0].extend(records(0, 2, keys_for(0, 4)[2:]))  # come while no producer can start
-    await eventually(lambda: w.producer.offsets[-1:] == [(TP0, 4, GROUP)], timeout=8.0, what="all four committed")
+    await eventually(
+        lambda: w.producer.offsets[-1:] == [(TP0, 4, GROUP)], timeout=8.0, what="all four committed"
+    )
     assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 4)
     await w.stop()
