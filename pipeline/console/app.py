@@ -26,9 +26,9 @@ from pipeline.console.settings import ConsoleSettings
 from pipeline.console.views import Redactor, key_path, make_environment, render
 from pipeline.console.workers import Live
 from pipeline.errors import PipelineError
-from pipeline.ops.dlq_records import DlqFilter, parse_since, reasons_of, records_of
-from pipeline.ops.key_report import Report
-from pipeline.ops.lookup import inspect
+from pipeline.records.dlq import DlqFilter, parse_since, reasons_of, records_of
+from pipeline.records.key_report import Report
+from pipeline.records.lookup import inspect
 from pipeline.resources import package_dir
 from pipeline.topology import Topology
 

@@ -17,7 +17,7 @@ from aiokafka import TopicPartition
 from pipeline.console.views import Redactor, hexdump
 from pipeline.kafka.clients import started_reader
 from pipeline.ops.dlq import Scan, scan
-from pipeline.ops.dlq_records import DlqEntry, DlqFilter, parse_entry
+from pipeline.records.dlq import DlqEntry, DlqFilter, parse_entry
 
 BUCKETS = 24  # bars in the "over time" chart
 MIN_BUCKET_MS = 60_000  # a bar covers at least a minute

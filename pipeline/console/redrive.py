@@ -24,7 +24,7 @@ from pipeline.kafka.admin import partition_count
 from pipeline.kafka.clients import started_reader
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.ops.dlq import Replayed, replay
-from pipeline.ops.dlq_records import DlqFilter
+from pipeline.records.dlq import DlqFilter
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)

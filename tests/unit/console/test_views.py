@@ -8,7 +8,7 @@ from pipeline import topology
 from pipeline.console.charts import bars, sparkline
 from pipeline.console.dlq_view import detail
 from pipeline.console.views import REDACTED, Redactor, hexdump, key_path, make_environment
-from pipeline.ops.dlq_records import parse_entry
+from pipeline.records.dlq import parse_entry
 
 ROOT = Path(__file__).resolve().parents[3]
 EVIL = "<script>alert(1)</script><img src=x onerror=alert(2)>"

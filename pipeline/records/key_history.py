@@ -4,7 +4,7 @@ Each read takes one partition, the one the record contract puts the key on
 (``docs/design.md``, section 3), and reads it ``read_committed`` up to the end
 it had when the read started: audit records and commands go to murmur2(key) of
 their topic, DLQ records to the input partition modulo the DLQ's count.
-``pipeline/ops/lookup.py`` turns what these return into a report.
+``pipeline/records/lookup.py`` turns what these return into a report.
 """
 
 from __future__ import annotations
