@@ -177,6 +177,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         group=args.group or "",
         users=parse_tokens(os.environ.get(TOKENS_ENV)),
         refresh_seconds=args.refresh,
+        public_url=args.public_url or "",
     )
     console = Console(settings, credentials.load_checked(settings.topology, os.environ))
     return asyncio.run(run_service(_Announced(console)))
@@ -190,7 +191,7 @@ class _Announced:
 
     async def start(self) -> None:
         await self.console.start()
-        print(f"console on {self.console.url}  (Ctrl-C stops it)", flush=True)
+        print(f"console on {self.console.where}  (Ctrl-C stops it)", flush=True)
 
     async def run(self) -> None:
         await self.console.run()
@@ -235,6 +236,12 @@ def add_console_command(commands: Any) -> None:
         type=float,
         default=3.0,
         help="seconds between two samples of the workers (default %(default)s)",
+    )
+    console.add_argument(
+        "--public-url",
+        default=env_default("PIPELINE_CONSOLE_PUBLIC_URL"),
+        help="where browsers reach the console (https://console.example.com behind a proxy, or by a "
+        "name): the only host name it answers to besides loopback (env PIPELINE_CONSOLE_PUBLIC_URL)",
     )
     console.set_defaults(handler=cmd_console)
 

@@ -18,7 +18,15 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 
 from pipeline.console import dlq_view
-from pipeline.console.auth import Sessions, build_middleware, require_redrive, safe_next, set_cookie
+from pipeline.console.auth import (
+    Sessions,
+    build_middleware,
+    client_of,
+    require_redrive,
+    safe_next,
+    set_cookie,
+    too_many,
+)
 from pipeline.console.charts import bars, sparkline
 from pipeline.console.partitions import Partitions
 from pipeline.console.redrive import Redrives
@@ -26,6 +34,7 @@ from pipeline.console.settings import ConsoleSettings
 from pipeline.console.views import Redactor, key_path, make_environment, render
 from pipeline.console.workers import Live
 from pipeline.errors import PipelineError
+from pipeline.log_text import escape
 from pipeline.records.dlq import DlqFilter, parse_since, reasons_of, records_of
 from pipeline.records.key_report import Report
 from pipeline.records.lookup import inspect
@@ -194,12 +203,18 @@ class Pages:
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         token, target = str(form.get("token", "")), safe_next(str(form.get("next", "/")))
+        client = client_of(request)
+        wait = self.sessions.throttle.wait(client)
+        if wait:
+            raise too_many(wait)
         user = self.sessions.authenticate(token) if token else None
         if user is None:
-            log.warning("console: a login from %s with a wrong token", request.remote)
+            self.sessions.throttle.failed(client)
+            log.warning("console: a login from %s with a wrong token", escape(client))
             return self.page(request, "login.html", status=401, next=target, failed=True)
+        self.sessions.throttle.succeeded(client)
         sid, _ = self.sessions.open(user)
-        log.info("console: %s (%s) logged in from %s", user.name, user.role, request.remote)
+        log.info("console: %s (%s) logged in from %s", escape(user.name), user.role, escape(client))
         response = see_other(target)
         set_cookie(response, sid)
         return response
@@ -232,10 +247,12 @@ def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
         try:
             return await handler(request)
         except PipelineError as exc:
-            log.warning("console: %s %s failed: %s", request.method, request.path, exc)
+            log.warning("console: %s %s failed: %s", request.method, escape(request.path), escape(exc, 500))
             return pages.error(request, 503, str(exc))
         except KafkaError as exc:  # one the lookup did not turn into a PipelineError
-            log.warning("console: %s %s failed: Kafka: %r", request.method, request.path, exc)
+            log.warning(
+                "console: %s %s failed: Kafka: %s", request.method, escape(request.path), escape(repr(exc))
+            )
             return pages.error(request, 503, f"Kafka at {pages.settings.bootstrap}: {exc!r}")
 
     return middleware

@@ -13,6 +13,7 @@ from pipeline.console.settings import ConsoleSettings
 from pipeline.console.views import Redactor
 from pipeline.console.workers import Live
 from pipeline.errors import ConfigError
+from pipeline.log_text import escape
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,22 @@ class Console:
 
     @property
     def url(self) -> str:
-        """Where a browser finds it."""
+        """Where a browser finds it: the public URL when given, else its address (loopback for every address)."""
+        if self.settings.public_url:
+            return self.settings.public_url.rstrip("/") + "/"
         host = self.settings.host
         shown = "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104 (naming, not binding)
         return f"http://{'[' + shown + ']' if ':' in shown else shown}:{self.port}/"
+
+    @property
+    def where(self) -> str:
+        """The URL, and the address it listens on when that is not the URL's (every address, a proxy)."""
+        host = self.settings.host
+        bound = f"{'[' + host + ']' if ':' in host else host}:{self.port}"
+        if self.url.startswith(f"http://{bound}/"):
+            return self.url
+        every = " (every address)" if host in {"0.0.0.0", "::", ""} else ""  # noqa: S104 (naming, not binding)
+        return f"{self.url} (listening on {bound}{every})"
 
     async def start(self) -> None:
         """Listen (a port that cannot be had is a ConfigError) and start sampling."""
@@ -54,10 +67,12 @@ class Console:
         if addresses:
             self.port = int(addresses[0][1])
         self.live.start()
-        roles = ", ".join(f"{u.name} ({u.role})" for u in self.settings.users) or "none: loopback only"
+        roles = (
+            ", ".join(f"{escape(u.name)} ({u.role})" for u in self.settings.users) or "none: loopback only"
+        )
         log.info(
             "console on %s (tokens: %s; workers: %s)",
-            self.url,
+            self.where,
             roles,
             ", ".join(self.settings.workers) or "none",
         )

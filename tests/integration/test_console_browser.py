@@ -275,12 +275,13 @@ async def test_off_loopback_the_console_needs_a_token_and_each_role_gets_only_it
                 f"{base}/dlq/redrive", data=form, headers={"Authorization": f"Bearer {reader}"}
             ) as answer:
                 assert answer.status == 403
+            own = {"Origin": base}
             async with session.post(
-                f"{base}/login", data={"token": operator}, allow_redirects=False
+                f"{base}/login", data={"token": operator}, headers=own, allow_redirects=False
             ) as answer:
                 assert answer.status == 303
             async with session.post(
-                f"{base}/dlq/redrive", data=form
+                f"{base}/dlq/redrive", data=form, headers=own
             ) as answer:  # a cookie, but no CSRF token
                 assert answer.status == 403
                 assert "CSRF" in await answer.text()
