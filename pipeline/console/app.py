@@ -29,9 +29,10 @@ from pipeline.console.auth import (
 )
 from pipeline.console.charts import bars, sparkline
 from pipeline.console.partitions import Partitions
+from pipeline.console.redaction import Redactor
 from pipeline.console.redrive import Redrives
 from pipeline.console.settings import ConsoleSettings
-from pipeline.console.views import Redactor, key_path, make_environment, render
+from pipeline.console.views import key_path, make_environment, render
 from pipeline.console.workers import Live
 from pipeline.errors import PipelineError
 from pipeline.log_text import escape

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
-from pipeline.console.views import Redactor, hexdump
+from pipeline.console.redaction import Redactor
+from pipeline.console.views import hexdump
 from pipeline.kafka.clients import started_reader
 from pipeline.ops.dlq import Scan, scan
 from pipeline.records.dlq import DlqEntry, DlqFilter, parse_entry

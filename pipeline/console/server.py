@@ -9,8 +9,8 @@ import os
 from aiohttp import web
 
 from pipeline.console.app import Pages, build_app
+from pipeline.console.redaction import Redactor
 from pipeline.console.settings import ConsoleSettings
-from pipeline.console.views import Redactor
 from pipeline.console.workers import Live
 from pipeline.errors import ConfigError
 from pipeline.log_text import escape
