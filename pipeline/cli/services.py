@@ -30,14 +30,18 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415  (no work at import time)
 
     from pipeline import credentials  # noqa: PLC0415  (no work at import time)
-    from pipeline.kafka.admin import ensure_topics, topic_specs  # noqa: PLC0415  (no work at import time)
+    from pipeline.kafka.admin import (  # noqa: PLC0415  (no work at import time)
+        ensure_topics,
+        redrive_history_spec,
+        topic_specs,
+    )
 
     if args.partitions is not None and args.partitions < 1:
         raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
     if not 0 < args.timeout <= 3600:
         raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
     topo = credentials.load_checked(args.topology, os.environ)
-    specs = topic_specs(topo, args.partitions)
+    specs = [*topic_specs(topo, args.partitions), redrive_history_spec(topo)]
     try:
         results = asyncio.run(ensure_topics(args.bootstrap, specs, timeout=args.timeout))
     except KafkaError as exc:
