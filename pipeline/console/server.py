@@ -10,6 +10,7 @@ from aiohttp import web
 
 from pipeline.console.app import Pages, build_app
 from pipeline.console.redaction import Redactor
+from pipeline.console.redrive import Follower
 from pipeline.console.settings import ConsoleSettings
 from pipeline.console.workers import Live
 from pipeline.errors import ConfigError
@@ -20,13 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class Console:
-    """Serves the console on ``settings.host``:``settings.port`` and samples the workers."""
+    """Serves the console on ``settings.host``:``settings.port``, samples the workers and follows redrives."""
 
     def __init__(self, settings: ConsoleSettings, topology: Topology) -> None:
         self.settings = settings
         self.topology = topology
         self.live = Live(settings.workers, every=settings.refresh_seconds)
         self._runner: web.AppRunner | None = None
+        self._pages: Pages | None = None
+        self._follower: Follower | None = None
         self._stopping = asyncio.Event()
         self.port = settings.port
 
@@ -66,7 +69,10 @@ class Console:
         addresses = runner.addresses  # the bound port, which port 0 leaves to the system
         if addresses:
             self.port = int(addresses[0][1])
+        self._pages = pages
         self.live.start()
+        self._follower = Follower(pages.redrives)
+        self._follower.start()
         roles = (
             ", ".join(f"{escape(u.name)} ({u.role})" for u in self.settings.users) or "none: loopback only"
         )
@@ -83,8 +89,12 @@ class Console:
             await self._stopping.wait()
         finally:
             await self.live.stop()
+            if self._follower is not None:
+                await self._follower.stop()
             if self._runner is not None:
                 await self._runner.cleanup()
+            if self._pages is not None:
+                await self._pages.history.close()
 
     def stop(self) -> None:
         """Ask it to stop."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline import topology
 from pipeline.console.charts import bars, sparkline
-from pipeline.console.dlq_view import detail
+from pipeline.console.record_view import detail
 from pipeline.console.redaction import REDACTED, Redactor, signature_headers
 from pipeline.console.views import hexdump, key_path, make_environment
 from pipeline.records.dlq import parse_entry
