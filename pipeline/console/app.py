@@ -176,7 +176,8 @@ class Pages:
 
 
 def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line."""
+    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line; anything
+    else (a bug) as a 500 page that shows no trace."""
 
     @web.middleware
     async def middleware(
@@ -192,6 +193,11 @@ def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
                 "console: %s %s failed: Kafka: %s", request.method, escape(request.path), escape(repr(exc))
             )
             return pages.error(request, 503, f"Kafka at {pages.settings.bootstrap}: {exc!r}")
+        except web.HTTPException:
+            raise
+        except Exception:  # a bug: logged whole, answered in one line without a trace
+            log.exception("console: %s %s failed", request.method, escape(request.path))
+            return pages.error(request, 500, "the console failed on this request; its log says why")
 
     return middleware
 

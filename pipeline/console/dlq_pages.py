@@ -94,7 +94,9 @@ class DlqPages:
                 name: str(request.query.get(name, ""))[:200]
                 for name in ("reason", "source", "key", "type", "text", "since", "until", "open")
             }
-            return self.page(request, "dlq.html", status=400, problem=str(exc), fields=fields, summary=None)
+            return self.page(
+                request, "dlq.html", status=400, problem=str(exc), note="", fields=fields, summary=None
+            )
         note = await self._history_note()
         summary = await self._load(query)
         return self.page(

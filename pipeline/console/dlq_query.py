@@ -94,8 +94,8 @@ def parse_query(values: Mapping[str, Any], *, now: datetime) -> DlqQuery:
     """The query of a page's URL or a form (``getall`` for ``reason`` when the mapping has it)."""
     getall = getattr(values, "getall", None)
     raw_reasons = [str(v) for v in getall("reason", [])] if getall else [str(values.get("reason", ""))]
-    fields = {name: _text(values, name) for name in FIELDS if name != "reason"}
-    fields["reason"] = ",".join(r.strip() for r in raw_reasons if r.strip())[:MAX_TEXT]
+    reason = ",".join(r.strip() for r in raw_reasons if r.strip())[:MAX_TEXT]
+    fields = {name: reason if name == "reason" else _text(values, name) for name in FIELDS}
     try:
         reasons = reasons_of([fields["reason"]])
     except ConfigError as exc:
