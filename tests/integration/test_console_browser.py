@@ -303,3 +303,37 @@ async def test_off_loopback_the_console_needs_a_token_and_each_role_gets_only_it
     finally:
         browser.delete_all_cookies()
         assert stop(console) == 0
+
+
+async def test_the_key_page_shows_the_first_body_a_conflicting_one_and_the_command(
+    pipeline_env: MakeEnv, browser: WebDriver, tmp_path: Any
+) -> None:
+    """The first delivery's body, a later copy whose body differs (a conflict) and the command's value
+    are on the key page, each from Kafka, escaped and with their secrets redacted."""
+    env: Env = await pipeline_env(partitions=2)
+    env.start_worker("w")
+    shaped = "sk_live_51Hconsoletest0123456789"
+    first = orjson.dumps({"id": "evt_b1", "type": "invoice.paid", "api_key": shaped, "note": "<b>first</b>"})
+    second = orjson.dumps({"id": "evt_b1", "type": "invoice.paid", "note": "second"})
+    now = int(time.time() * 1000)
+    await env.produce([(b"stripe:evt_b1", first, [("source", b"stripe")], None, now)])
+    await env.produce([(b"stripe:evt_b1", second, [("source", b"stripe")], None, now + 1000)])
+    await wait_for_audit(env, 2)
+    console, base = start_console(env.bootstrap, env.topology_path, tmp_path / "console.log", "--workers", "")
+    try:
+        browser.get(f"{base}/keys/stripe%3Aevt_b1")
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "section.body"))
+        sections = browser.find_elements(By.CSS_SELECTOR, "section.body")
+        titles = [s.find_element(By.TAG_NAME, "h3").text.split(" ")[0:2] for s in sections]
+        assert titles == [["First", "delivery"], ["Conflicting", "delivery"], ["Command", "(handle)"]]
+        first_text, conflict_text, command_text = (
+            s.find_element(By.CSS_SELECTOR, "pre").text for s in sections
+        )
+        assert '"note":"<b>first</b>"' in first_text
+        assert '"api_key":"[redacted]"' in first_text
+        assert '"note":"second"' in conflict_text
+        assert '"key": "stripe:evt_b1"' in command_text
+        assert shaped not in browser.page_source
+        screenshot(browser, "key-bodies")
+    finally:
+        assert stop(console) == 0

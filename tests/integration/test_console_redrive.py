@@ -51,7 +51,7 @@ def _text(driver: WebDriver, element_id: str) -> str:
 
 def _marks(driver: WebDriver) -> Counter[str]:
     return Counter(
-        r.get_attribute("data-mark") for r in driver.find_elements(By.CSS_SELECTOR, "#records tbody tr")
+        str(r.get_attribute("data-mark")) for r in driver.find_elements(By.CSS_SELECTOR, "#records tbody tr")
     )
 
 
