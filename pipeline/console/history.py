@@ -258,21 +258,27 @@ class History:
 
     # -- writing ------------------------------------------------------------------------------
 
-    async def write(self, run: Run, records: list[RunRecord] | None = None) -> None:
-        """Write ``run`` and ``records`` (acknowledged by every in-sync replica) and take them in."""
+    async def write(self, run: Run | None, records: list[RunRecord] | None = None) -> None:
+        """Write ``run`` (None: only records, as the follower does, never rewriting the run's state)
+        and ``records``, acknowledged by every in-sync replica, and take them in."""
         try:
             await self._ensure_topic()
             if self._producer is None:
                 self._producer = await started_producer(self.bootstrap)
-            futures = [await self._producer.send(self.topic, _run_value(run), key=f"run/{run.id}".encode())]
+            futures = []
+            if run is not None:
+                futures.append(
+                    await self._producer.send(self.topic, _run_value(run), key=f"run/{run.id}".encode())
+                )
             for record in records or []:
-                key = f"run/{run.id}/{record.partition}:{record.offset}".encode()
+                key = f"run/{record.run}/{record.partition}:{record.offset}".encode()
                 futures.append(await self._producer.send(self.topic, _record_value(record), key=key))
             for future in futures:
                 await future
         except KafkaError as exc:
             raise HistoryUnavailableError(f"the redrive history {self.topic}: Kafka: {exc!r}") from None
-        self._put_run(run)
+        if run is not None:
+            self._put_run(run)
         for record in records or []:
             self._put_record(record)
 

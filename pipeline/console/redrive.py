@@ -180,7 +180,7 @@ class Redrives:
             record.outcome = str(value.get("outcome"))
             reason = value.get("reason")
             record.outcome_reason = reason if isinstance(reason, str) else None
-        await self.history.write(run, [record for record, _ in found.values()])
+        await self.history.write(None, [record for record, _ in found.values()])
         return True
 
     async def _find_copies(self, run: Run, failed: list[tuple[RunRecord, dict[str, Any]]]) -> None:
