@@ -203,7 +203,8 @@ async def load(
         page.by_type[m.row.event_type or "-"] += 1
     page.selection = [m.row for m in listed]
     page.pages = max((len(listed) + page_size - 1) // page_size, 1)
-    start = (min(query.page, page.pages) - 1) * page_size
+    page.query = replace(page.query, page=min(query.page, page.pages))  # past the last: the last
+    start = (page.query.page - 1) * page_size
     page.rows = listed[start : start + page_size]
     times = [m.row.timestamp for m in listed]
     if times:

@@ -267,12 +267,13 @@ class History:
                 self._producer = await started_producer(self.bootstrap)
             futures = []
             if run is not None:
-                futures.append(
-                    await self._producer.send(self.topic, _run_value(run), key=f"run/{run.id}".encode())
-                )
+                key = f"run/{run.id}".encode()
+                futures.append(await self._producer.send(self.topic, _run_value(run), key=key, partition=0))
             for record in records or []:
                 key = f"run/{record.run}/{record.partition}:{record.offset}".encode()
-                futures.append(await self._producer.send(self.topic, _record_value(record), key=key))
+                futures.append(
+                    await self._producer.send(self.topic, _record_value(record), key=key, partition=0)
+                )
             for future in futures:
                 await future
         except KafkaError as exc:

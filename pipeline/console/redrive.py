@@ -45,6 +45,7 @@ from pipeline.topology import Topology
 log = logging.getLogger(__name__)
 FOLLOW_FOR_MS = 3_600_000  # a run's outcomes are looked for this long after it ran
 FOLLOW_EVERY_S = 2.0
+MAX_BACKOFF_S = 60.0  # between rounds while Kafka or the history topic is out of reach
 
 
 async def _ends(bootstrap: str, topic: str) -> dict[int, int]:
@@ -257,11 +258,15 @@ class Follower:
                 await self.redrives.follow(run)
 
     async def _loop(self) -> None:
+        wait = self.every
         while True:
             try:
                 await self.once()
+                wait = self.every
             except (HistoryUnavailableError, PipelineError, KafkaError) as exc:
-                log.warning("console: following redrives: %s", escape(exc, 500))
+                wait = min(wait * 2, MAX_BACKOFF_S)
+                log.warning("console: following redrives: %s; again in %.0fs", escape(exc, 500), wait)
             except Exception:  # a follower that dies would leave every run waiting: log it and go on
                 log.exception("console: following redrives failed")
-            await asyncio.sleep(self.every)
+                wait = min(wait * 2, MAX_BACKOFF_S)
+            await asyncio.sleep(wait)
