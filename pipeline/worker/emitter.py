@@ -19,6 +19,7 @@ from typing import Any
 from pipeline.contract import Delivery, audit_value
 from pipeline.dead_letter import dlq_value
 from pipeline.headers import REROUTED_FROM_HEADER
+from pipeline.log_text import escape
 from pipeline.state.transaction import Header, PartitionTransaction
 from pipeline.topology import Topics
 from pipeline.worker.metrics import Recorder
@@ -140,9 +141,9 @@ class Emitter:
             "%s-%s key=%s offset=%s to the DLQ: %s (%s)",
             delivery.topic,
             delivery.partition,
-            key,
+            escape(key),
             delivery.offset,
-            error,
+            escape(error, 1000),
             reason,
         )
 
