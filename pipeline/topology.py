@@ -145,14 +145,26 @@ def _parse_topics(raw: object, app: str, problems: _Problems) -> Topics:
         changelog=f"{app}-seen-changelog",
         effects=f"{app}-effects",
         effects_changelog=f"{app}-effects-changelog",
+        redrives=f"{app}-redrives",
     )
     problems.unknown(raw, "topics", set(Topics.__slots__))
     names = {
         key: problems.topic(raw.get(key, getattr(defaults, key)), f"topics.{key}")
-        for key in ("input", "commands", "audit", "dlq", "changelog", "effects", "effects_changelog")
+        for key in (
+            "input",
+            "commands",
+            "audit",
+            "dlq",
+            "changelog",
+            "effects",
+            "effects_changelog",
+            "redrives",
+        )
     }
     if len(set(names.values())) < len(names):
-        problems.add("topics", "input, commands, audit, dlq, changelog and effects topics must be distinct")
+        problems.add(
+            "topics", "input, commands, audit, dlq, changelog, effects and redrives topics must be distinct"
+        )
     return Topics(
         **names,
         partitions=problems.positive_int(raw.get("partitions", defaults.partitions), "topics.partitions"),

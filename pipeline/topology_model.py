@@ -85,6 +85,7 @@ class Topics:
     changelog: str = "webhooks-seen-changelog"
     effects: str = "webhooks-effects"  # internal: commands keyed by effect key, between the stages
     effects_changelog: str = "webhooks-effects-changelog"
+    redrives: str = "webhooks-redrives"  # the console's redrive history (compacted, one partition)
     partitions: int = 6
     replication: int = 1
 

@@ -30,14 +30,18 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError  # noqa: PLC0415  (no work at import time)
 
     from pipeline import credentials  # noqa: PLC0415  (no work at import time)
-    from pipeline.kafka.admin import ensure_topics, topic_specs  # noqa: PLC0415  (no work at import time)
+    from pipeline.kafka.admin import (  # noqa: PLC0415  (no work at import time)
+        ensure_topics,
+        redrive_history_spec,
+        topic_specs,
+    )
 
     if args.partitions is not None and args.partitions < 1:
         raise PipelineError(f"--partitions must be a positive integer, got {args.partitions}")
     if not 0 < args.timeout <= 3600:
         raise PipelineError(f"--timeout must be in (0, 3600] seconds, got {args.timeout:g}")
     topo = credentials.load_checked(args.topology, os.environ)
-    specs = topic_specs(topo, args.partitions)
+    specs = [*topic_specs(topo, args.partitions), redrive_history_spec(topo)]
     try:
         results = asyncio.run(ensure_topics(args.bootstrap, specs, timeout=args.timeout))
     except KafkaError as exc:
@@ -177,6 +181,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         group=args.group or "",
         users=parse_tokens(os.environ.get(TOKENS_ENV)),
         refresh_seconds=args.refresh,
+        public_url=args.public_url or "",
     )
     console = Console(settings, credentials.load_checked(settings.topology, os.environ))
     return asyncio.run(run_service(_Announced(console)))
@@ -190,7 +195,7 @@ class _Announced:
 
     async def start(self) -> None:
         await self.console.start()
-        print(f"console on {self.console.url}  (Ctrl-C stops it)", flush=True)
+        print(f"console on {self.console.where}  (Ctrl-C stops it)", flush=True)
 
     async def run(self) -> None:
         await self.console.run()
@@ -235,6 +240,12 @@ def add_console_command(commands: Any) -> None:
         type=float,
         default=3.0,
         help="seconds between two samples of the workers (default %(default)s)",
+    )
+    console.add_argument(
+        "--public-url",
+        default=env_default("PIPELINE_CONSOLE_PUBLIC_URL"),
+        help="where browsers reach the console (https://console.example.com behind a proxy, or by a "
+        "name): the only host name it answers to besides loopback (env PIPELINE_CONSOLE_PUBLIC_URL)",
     )
     console.set_defaults(handler=cmd_console)
 

@@ -82,7 +82,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from pipeline import topology  # noqa: PLC0415
-    from pipeline.ops.lookup import inspect  # noqa: PLC0415
+    from pipeline.records.lookup import inspect  # noqa: PLC0415
 
     topo = topology.load(args.topology)
     workers = [w.strip() for w in (args.workers or "").split(",") if w.strip()]

@@ -1,8 +1,9 @@
-"""The console's pages: find a key, the DLQ and its redrive, partitions and workers, login.
+"""The console's pages: find a key, partitions and workers, login; the DLQ's are in ``dlq_pages``.
 
-Every handler reads Kafka or the workers when asked (nothing is stored but
-sessions and redrive runs); bad input is a 400 page saying why, and Kafka
-out of reach a 503 page in one line.
+Every handler reads Kafka or the workers when asked (nothing is kept but
+sessions, and the redrive history read from its topic); bad input is a 400
+page saying why, an unknown record a 404, Kafka out of reach a 503 page in
+one line, and anything else a 500 page that shows no trace (the log has it).
 """
 
 from __future__ import annotations
@@ -10,25 +11,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
-from pipeline.console import dlq_view
-from pipeline.console.auth import Sessions, build_middleware, require_redrive, safe_next, set_cookie
-from pipeline.console.charts import bars, sparkline
+from pipeline.console.auth import (
+    Sessions,
+    build_middleware,
+    client_of,
+    safe_next,
+    set_cookie,
+    too_many,
+)
+from pipeline.console.charts import sparkline
+from pipeline.console.dlq_pages import DlqPages
+from pipeline.console.history import History
+from pipeline.console.key_bodies import bodies
 from pipeline.console.partitions import Partitions
+from pipeline.console.redaction import Redactor
 from pipeline.console.redrive import Redrives
 from pipeline.console.settings import ConsoleSettings
-from pipeline.console.views import Redactor, key_path, make_environment, render
+from pipeline.console.views import key_path, make_environment, render
 from pipeline.console.workers import Live
 from pipeline.errors import PipelineError
-from pipeline.ops.dlq_records import DlqFilter, parse_since, reasons_of, records_of
-from pipeline.ops.key_report import Report
-from pipeline.ops.lookup import inspect
+from pipeline.log_text import escape
+from pipeline.records.key_report import Report
+from pipeline.records.lookup import inspect
 from pipeline.resources import package_dir
 from pipeline.topology import Topology
 
@@ -47,7 +57,17 @@ class Pages:
         self.env: jinja2.Environment = make_environment()
         self.sessions = Sessions(settings)
         self.partitions = Partitions(settings.bootstrap, topology, settings.group)
-        self.redrives = Redrives(settings.bootstrap, topology)
+        self.history = History(settings.bootstrap, topology)
+        self.redrives = Redrives(settings.bootstrap, topology, self.history)
+        self.dlq = DlqPages(
+            settings,
+            topology,
+            page=self.page,
+            sessions=self.sessions,
+            redactor=redactor,
+            history=self.history,
+            redrives=self.redrives,
+        )
 
     def page(self, request: web.Request, name: str, *, status: int = 200, **context: Any) -> web.Response:
         """Render a page with what every page shows (the topology's app and topics)."""
@@ -89,86 +109,13 @@ class Pages:
         if not key or len(key) > MAX_KEY:
             return self.error(request, 400, f"a key has 1 to {MAX_KEY} characters")
         report = await self._lookup(key)
-        return self.page(request, "key.html", report=report)
+        shown = await bodies(report, self.topology, self.settings.bootstrap, self.redactor)
+        return self.page(request, "key.html", report=report, bodies=shown)
 
     async def _lookup(self, key: str) -> Report:
         return await inspect(
             key, self.topology, bootstrap=self.settings.bootstrap, workers=self.settings.workers
         )
-
-    # -- the DLQ ------------------------------------------------------------------------------
-
-    def _filter(self, query: Any) -> tuple[DlqFilter, str | None]:
-        """The DLQ filter of a query string or form (ValueError with a one-line reason)."""
-        since_text = str(query.get("since", "")).strip()
-        since = parse_since(since_text, now=datetime.now(UTC)) if since_text else None
-        key = str(query.get("key", "")).strip() or None
-        reasons = reasons_of([str(r) for r in query.getall("reason", [])])
-        source = str(query.get("source", "")).strip() or None
-        return DlqFilter(reasons=reasons, key=key, since_ms=since), source
-
-    async def dlq(self, request: web.Request) -> web.Response:
-        try:
-            flt, source = self._filter(request.query)
-        except ValueError as exc:
-            return self.error(request, 400, f"since: {exc}")
-        summary = await dlq_view.summarise(
-            self.settings.bootstrap,
-            self.topology.topics.dlq,
-            flt,
-            source=source,
-            shown=self.settings.dlq_shown,
-        )
-        return self.page(
-            request,
-            "dlq.html",
-            summary=summary,
-            chart=bars(summary.over_time),
-            query=request.query,
-            source_of=dlq_view.source_of,
-            redactor=self.redactor,
-        )
-
-    async def dlq_record(self, request: web.Request) -> web.Response:
-        try:
-            partition, offset = int(request.match_info["partition"]), int(request.match_info["offset"])
-        except ValueError:
-            return self.error(request, 400, "a DLQ record is /dlq/PARTITION/OFFSET, two numbers")
-        entry = await dlq_view.read_record(
-            self.settings.bootstrap, self.topology.topics.dlq, partition, offset
-        )
-        if entry is None:
-            return self.error(request, 404, f"no record at {self.topology.topics.dlq}:{partition}:{offset}")
-        view = request.query.get("view", "text")
-        return self.page(request, "dlq_record.html", d=dlq_view.detail(entry, self.redactor), view=view)
-
-    async def redrive(self, request: web.Request) -> web.StreamResponse:
-        """POST: replay the checked records, or every record the filter takes; then show the run."""
-        user = require_redrive(self.sessions.required(request))
-        form = await request.post()
-        try:
-            if form.get("all") == "1":
-                flt, source = self._filter(form)
-                summary = await dlq_view.summarise(
-                    self.settings.bootstrap, self.topology.topics.dlq, flt, source=source, shown=1_000_000
-                )
-                records = frozenset((e.partition, e.offset) for e in summary.records)
-            else:
-                records = records_of([str(r) for r in form.getall("record", [])])
-        except ValueError as exc:
-            return self.error(request, 400, str(exc))
-        if not records:
-            return self.error(request, 400, "no DLQ record chosen: check the records to redrive")
-        run = await self.redrives.run(records, user, request.remote or "unknown")
-        raise web.HTTPSeeOther(f"/redrives/{run.id}")
-
-    async def redrive_run(self, request: web.Request) -> web.Response:
-        run = self.redrives.runs.get(int(request.match_info["run"]))
-        if run is None:
-            return self.error(request, 404, "no such redrive (runs are kept while the console runs)")
-        await self.redrives.follow(run)
-        name = "_redrive.html" if request.path.startswith("/fragments/") else "redrive.html"
-        return self.page(request, name, run=run)
 
     # -- partitions and workers ---------------------------------------------------------------
 
@@ -194,12 +141,18 @@ class Pages:
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
         token, target = str(form.get("token", "")), safe_next(str(form.get("next", "/")))
+        client = client_of(request)
+        wait = self.sessions.throttle.wait(client)
+        if wait:
+            raise too_many(wait)
         user = self.sessions.authenticate(token) if token else None
         if user is None:
-            log.warning("console: a login from %s with a wrong token", request.remote)
+            self.sessions.throttle.failed(client)
+            log.warning("console: a login from %s with a wrong token", escape(client))
             return self.page(request, "login.html", status=401, next=target, failed=True)
+        self.sessions.throttle.succeeded(client)
         sid, _ = self.sessions.open(user)
-        log.info("console: %s (%s) logged in from %s", user.name, user.role, request.remote)
+        log.info("console: %s (%s) logged in from %s", escape(user.name), user.role, escape(client))
         response = see_other(target)
         set_cookie(response, sid)
         return response
@@ -223,7 +176,8 @@ class Pages:
 
 
 def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line."""
+    """Kafka out of reach (or refusing) and other pipeline errors as a 503 page in one line; anything
+    else (a bug) as a 500 page that shows no trace."""
 
     @web.middleware
     async def middleware(
@@ -232,11 +186,18 @@ def _failures(pages: Pages) -> Callable[..., Awaitable[web.StreamResponse]]:
         try:
             return await handler(request)
         except PipelineError as exc:
-            log.warning("console: %s %s failed: %s", request.method, request.path, exc)
+            log.warning("console: %s %s failed: %s", request.method, escape(request.path), escape(exc, 500))
             return pages.error(request, 503, str(exc))
         except KafkaError as exc:  # one the lookup did not turn into a PipelineError
-            log.warning("console: %s %s failed: Kafka: %r", request.method, request.path, exc)
+            log.warning(
+                "console: %s %s failed: Kafka: %s", request.method, escape(request.path), escape(repr(exc))
+            )
             return pages.error(request, 503, f"Kafka at {pages.settings.bootstrap}: {exc!r}")
+        except web.HTTPException:
+            raise
+        except Exception:  # a bug: logged whole, answered in one line without a trace
+            log.exception("console: %s %s failed", request.method, escape(request.path))
+            return pages.error(request, 500, "the console failed on this request; its log says why")
 
     return middleware
 
@@ -250,11 +211,13 @@ def build_app(pages: Pages) -> web.Application:
     add("/", pages.home)
     add("/find", pages.find)
     add("/keys/{key}", pages.key)
-    add("/dlq", pages.dlq)
-    add("/dlq/{partition}/{offset}", pages.dlq_record)
-    app.router.add_post("/dlq/redrive", pages.redrive)
-    add("/redrives/{run:\\d+}", pages.redrive_run)
-    add("/fragments/redrives/{run:\\d+}", pages.redrive_run)
+    add("/dlq", pages.dlq.dlq)
+    add("/dlq/{partition}/{offset}", pages.dlq.dlq_record)
+    app.router.add_post("/dlq/redrive/confirm", pages.dlq.confirm)
+    app.router.add_post("/dlq/redrive", pages.dlq.redrive)
+    add("/redrives", pages.dlq.history_page)
+    add("/redrives/{run}", pages.dlq.run_page)
+    add("/fragments/redrives/{run}", pages.dlq.run_page)
     add("/partitions", pages.partitions_page)
     add("/fragments/live", pages.live_fragment)
     add("/login", pages.login_form)

@@ -1,12 +1,16 @@
-"""Who is asking: tokens, sessions, roles, CSRF and the security headers of every answer.
+"""Who is asking: host names, tokens, sessions, roles, CSRF and the security headers of every answer.
 
-A browser logs in once with its token (``POST /login``) and gets a session
-cookie (``HttpOnly``, ``SameSite=Strict``); a script may send
-``Authorization: Bearer <token>`` instead. Every form carries the session's
-CSRF token, checked on each POST (with the ``Origin`` header when the
-browser sends one); a bearer request needs none, as no other site can set
-that header. Without tokens, on loopback, each visitor gets a session of the
-local user. Sessions live in memory: a restarted console asks again.
+Every request must name one of the console's host names (:mod:`pipeline.console.guard`;
+421 otherwise), so a page on a rebound DNS name reaches nothing. A browser
+logs in once with its token (``POST /login``) and gets a session cookie
+(``HttpOnly``, ``SameSite=Strict``); a script may send ``Authorization:
+Bearer <token>`` instead. Wrong tokens are rate-limited per client
+(:mod:`pipeline.console.throttle`; 429). Every POST must come from the
+console's own origin (``Origin``, else ``Referer``; a bearer request may send
+neither), and a form must carry the session's CSRF token (a bearer request
+needs none, as no other site can set that header). Without tokens, on
+loopback, each visitor gets a session of the local user. Sessions live in
+memory: a restarted console asks again.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from pipeline.console.guard import host_allowed, safe_next, same_origin
 from pipeline.console.settings import LOCAL_USER, ConsoleSettings, Role, User
+from pipeline.console.throttle import Throttle
+from pipeline.log_text import escape
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,8 @@ COOKIE = "pipeline_console"
 MAX_SESSIONS = 10_000
 #: Paths open to anyone: the login form, the health check, the style sheet and script.
 OPEN_PATHS = ("/login", "/healthz", "/static/")
+#: Answered whatever the ``Host``: a probe may name the pod's address; it says only "ok".
+ANY_HOST_PATHS = ("/healthz",)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -56,9 +64,12 @@ class Session:
 class Sessions:
     """The tokens this console accepts and the sessions it gave out (in memory, oldest dropped first)."""
 
-    def __init__(self, settings: ConsoleSettings) -> None:
+    def __init__(self, settings: ConsoleSettings, throttle: Throttle | None = None) -> None:
+        self.settings = settings
         self.users = settings.users
         self.open_locally = settings.open_locally
+        self.allowed_hosts = settings.allowed_hosts
+        self.throttle = throttle or Throttle()
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._active: dict[int, Session | None] = {}  # id(request) -> its session, while it is handled
 
@@ -120,19 +131,24 @@ def require_redrive(session: Session) -> User:
     return user
 
 
-def safe_next(target: str | None) -> str:
-    """A redirect target inside this console (a path), or ``/``."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
-    return target
+def client_of(request: web.Request) -> str:
+    """The address a request came from, as the rate limit and the logs name it."""
+    return request.remote or "unknown"
 
 
-def _same_origin(request: web.Request) -> bool:
-    """Whether a POST comes from this console's own pages (``Origin``, else ``Referer``; neither: allowed)."""
+def too_many(wait: float) -> web.HTTPTooManyRequests:
+    """429 for a client that sent too many wrong tokens, saying when to try again."""
+    seconds = max(int(wait) + 1, 1)
+    return web.HTTPTooManyRequests(
+        text=f"429: too many wrong tokens from this address; try again in {seconds} s",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
+def from_here(request: web.Request, settings: ConsoleSettings, *, required: bool) -> bool:
+    """Whether a POST comes from this console's pages (see :func:`pipeline.console.guard.same_origin`)."""
     origin = request.headers.get("Origin") or request.headers.get("Referer")
-    if not origin or origin == "null":
-        return origin != "null"
-    return urlsplit(origin).netloc == request.host
+    return same_origin(origin, request.host, settings.public_url, required=required)
 
 
 def build_middleware(
@@ -153,22 +169,33 @@ def build_middleware(
         return response
 
     async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith(ANY_HOST_PATHS) and not host_allowed(
+            request.headers.get("Host"), sessions.allowed_hosts
+        ):
+            names = ", ".join(sorted(sessions.allowed_hosts))
+            raise web.HTTPMisdirectedRequest(
+                text=f"421: this console answers only to {names} (start it with --public-url to add a name)"
+            )
+        changes = request.method not in {"GET", "HEAD", "OPTIONS"}
         if request.path.startswith(OPEN_PATHS):
-            if request.method == "POST" and not _same_origin(request):  # the login form, from another site
-                raise web.HTTPForbidden(text="a form from another site")
+            if changes and not from_here(request, sessions.settings, required=True):
+                raise web.HTTPForbidden(text="403: a form from another site")
             sessions.handling(request, sessions.get(request.cookies.get(COOKIE)))
             return await handler(request)
         session, new_sid = _find(request)
         if session is None:
             return unauthorised(request)
         sessions.handling(request, session)
-        if request.method not in {"GET", "HEAD"} and not session.bearer:
-            form = await request.post()
-            given = form.get("csrf")
-            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), session.csrf.encode()):
-                raise web.HTTPForbidden(text="the form's CSRF token is missing or stale: reload the page")
-            if not _same_origin(request):
-                raise web.HTTPForbidden(text="a form from another site")
+        if changes:
+            if not from_here(request, sessions.settings, required=not session.bearer):
+                raise web.HTTPForbidden(text="403: a form from another site")
+            if not session.bearer:
+                form = await request.post()
+                given = form.get("csrf")
+                if not isinstance(given, str) or not hmac.compare_digest(
+                    given.encode(), session.csrf.encode()
+                ):
+                    raise web.HTTPForbidden(text="the form's CSRF token is missing or stale: reload the page")
         response = await handler(request)
         if new_sid is not None:
             set_cookie(response, new_sid)
@@ -177,8 +204,17 @@ def build_middleware(
     def _find(request: web.Request) -> tuple[Session | None, str | None]:
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer "):
+            client = client_of(request)
+            wait = sessions.throttle.wait(client)
+            if wait:
+                raise too_many(wait)
             user = sessions.authenticate(header[len("Bearer ") :].strip())
-            return (Session(user, bearer=True) if user else None), None
+            if user is None:
+                sessions.throttle.failed(client)
+                log.warning("console: a request from %s with a wrong token", escape(client))
+                return None, None
+            sessions.throttle.succeeded(client)
+            return Session(user, bearer=True), None
         session = sessions.get(request.cookies.get(COOKIE))
         if session is not None:
             return session, None

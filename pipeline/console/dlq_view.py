@@ -1,26 +1,39 @@
-"""The DLQ as the console shows it: counts per reason, per source and over time, records, one record's detail.
+"""The DLQ as the console shows it: a query's records marked with what became of them, counted and paged.
 
-It reads the DLQ with the same scan as ``pipeline dlq list`` (``pipeline/ops/dlq.py``).
-Bodies and headers are shown as they were received, minus secrets
-(:class:`pipeline.console.views.Redactor`); the templates escape them.
+One scan (:func:`pipeline.console.dlq_read.scan`) reads every record up to the
+page's snapshot and keeps a small row per record the query takes (never its
+body), so counts cover every record, paging reaches the oldest, and "redrive
+all" can name exactly the records the page counted. Each row is marked from
+the redrive history and from the DLQ itself (a record whose copy came back to
+the DLQ, ``replayed-from`` naming it, has failed again): ``open``,
+``redriven`` (no outcome yet), ``resolved`` or ``failed again``; handled ones
+(resolved, failed again) can be hidden, and are then not counted.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
-from aiokafka import TopicPartition
-
-from pipeline.console.views import Redactor, hexdump
-from pipeline.kafka.clients import started_reader
-from pipeline.ops.dlq import Scan, scan
-from pipeline.ops.dlq_records import DlqEntry, DlqFilter, parse_entry
+from pipeline import providers
+from pipeline.console.dlq_query import DlqQuery
+from pipeline.console.dlq_read import Snapshot, scan
+from pipeline.console.history import RunRecord
+from pipeline.console.record_view import body_of
+from pipeline.console.redaction import Redactor
+from pipeline.console.views import iso_time
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.headers import REPLAYED_FROM_HEADER
+from pipeline.providers.base import Preset
+from pipeline.records.dlq import DlqEntry
+from pipeline.topology import Topology
 
 BUCKETS = 24  # bars in the "over time" chart
 MIN_BUCKET_MS = 60_000  # a bar covers at least a minute
+HANDLED = frozenset({"resolved", "failed again"})
+Marks = Callable[[tuple[int, int]], RunRecord | None]
 
 
 def source_of(entry: DlqEntry) -> str:
@@ -30,54 +43,197 @@ def source_of(entry: DlqEntry) -> str:
     return source if isinstance(source, str) and source else "-"
 
 
-@dataclass
-class DlqSummary:
-    """What the DLQ holds among the records a filter takes."""
+class EventTypes:
+    """The event type of a DLQ record, read from its body and headers by its source's preset."""
 
-    total: int = 0
+    def __init__(self, topology: Topology) -> None:
+        self.presets: dict[str, Preset] = {}
+        for name, source in topology.sources.items():
+            try:
+                self.presets[name] = providers.build(source.provider, **source.options)
+            except ConfigError:  # the topology check already refuses these; no type then
+                continue
+
+    def of(self, entry: DlqEntry, source: str, body: bytes) -> str | None:
+        """The event type, or None (an unknown source, a body the preset cannot read)."""
+        preset = self.presets.get(source)
+        headers = entry.value.get("headers")
+        if preset is None or not isinstance(headers, dict):
+            return None
+        http = {k[5:]: str(v) for k, v in headers.items() if isinstance(k, str) and k.startswith("http-")}
+        try:
+            return preset.event_type(http, body)
+        except (PipelineError, ValueError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One DLQ record as the list shows it (no body)."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    reason: str
+    source: str
+    key: str | None
+    error: str
+    truncated: bool
+    event_type: str | None
+    copy_of: tuple[int, int] | None  # the DLQ record it was redriven from, when it came back
+
+    @property
+    def at(self) -> tuple[int, int]:
+        """``(partition, offset)``."""
+        return self.partition, self.offset
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """A row and what became of it: its mark, the run that redrove it, and the newer copy of it."""
+
+    row: Row
+    mark: str  # open, redriven, resolved, failed again, not replayable
+    run: str | None = None
+    newer: tuple[int, int] | None = None
+    outcome: str = ""
+
+
+@dataclass
+class DlqPage:
+    """What the DLQ page shows for a query."""
+
+    query: DlqQuery  # with the snapshot it was drawn on, which its links and forms carry
+    total: int = 0  # records the query takes, handled ones included
+    counted: int = 0  # of those, the ones listed (all, or those not handled)
     by_reason: Counter[str] = field(default_factory=Counter)
     by_source: Counter[str] = field(default_factory=Counter)
-    over_time: list[tuple[str, int]] = field(default_factory=list)  # (bucket start, count)
+    by_type: Counter[str] = field(default_factory=Counter)
+    by_mark: Counter[str] = field(default_factory=Counter)
+    rows: list[Marked] = field(default_factory=list)  # this page's
+    pages: int = 1
+    snapshot: dict[int, int] = field(default_factory=dict)  # each partition's end when first drawn
+    selection: list[Row] = field(default_factory=list)  # every listed record, for "redrive all"
+    over_time: list[tuple[str, int]] = field(default_factory=list)
+    first_at: int | None = None
+    last_at: int | None = None
     bucket_label: str = ""
-    records: list[DlqEntry] = field(default_factory=list)  # the newest ``shown`` of them
-    shown: int = 0
+
+    @property
+    def digest(self) -> str:
+        """A fingerprint of :attr:`selection`: a redrive of "all" runs only if it still matches."""
+        return selection_digest(row.at for row in self.selection)
 
 
-async def summarise(
-    bootstrap: str, topic: str, flt: DlqFilter, *, source: str | None, shown: int
-) -> DlqSummary:
-    """Scan the DLQ once: counts over every record ``flt`` (and ``source``) takes, the newest ``shown`` listed."""
-    out = DlqSummary(shown=shown)
-    times: list[int] = []
-    kept: list[DlqEntry] = []
-    async for entry in scan(bootstrap, topic, flt, Scan()):
-        src = source_of(entry)
-        if source and src != source:
+def selection_digest(records: Iterable[tuple[int, int]]) -> str:
+    """sha256 of the sorted ``partition:offset`` list, cut to 32 hex digits."""
+    text = "\n".join(f"{p}:{o}" for p, o in sorted(records))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def copy_of(entry: DlqEntry, dlq: str) -> tuple[int, int] | None:
+    """The DLQ record ``entry`` was redriven from (its ``replayed-from`` header), when it names one of ``dlq``."""
+    headers = entry.value.get("headers")
+    where = headers.get(REPLAYED_FROM_HEADER) if isinstance(headers, dict) else None
+    if not isinstance(where, str):
+        return None
+    topic, _, rest = where.rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    if topic != dlq or not partition.isdigit() or not rest.isdigit():
+        return None
+    return int(partition), int(rest)
+
+
+def row_of(entry: DlqEntry, dlq: str, types: EventTypes, *, body: bytes | None = None) -> Row:
+    """The list's row of a DLQ record (``body``: its body, when the caller has read it already)."""
+    source = source_of(entry)
+    data = body_of(entry.value)[0] if body is None else body
+    return Row(
+        entry.partition,
+        entry.offset,
+        entry.timestamp,
+        entry.reason,
+        source,
+        entry.key,
+        entry.error[:300],
+        entry.truncated,
+        types.of(entry, source, data),
+        copy_of(entry, dlq),
+    )
+
+
+async def load(
+    bootstrap: str,
+    topology: Topology,
+    query: DlqQuery,
+    *,
+    marks: Marks,
+    redactor: Redactor,
+    types: EventTypes,
+    page_size: int,
+) -> DlqPage:
+    """Scan the DLQ once for ``query`` and build its page."""
+    dlq = topology.topics.dlq
+    snapshot = Snapshot()
+    flt = query.record_filter
+    rows: list[Row] = []
+    copies: dict[tuple[int, int], tuple[int, int]] = {}  # a record -> its newer copy in the DLQ
+    async for entry in scan(bootstrap, dlq, snapshot, since_ms=query.since_ms, upto=query.upto):
+        older = copy_of(entry, dlq)
+        if older is not None:
+            copies[older] = (entry.partition, entry.offset)
+        if not flt.matches(entry):
             continue
-        out.total += 1
-        out.by_reason[entry.reason] += 1
-        out.by_source[src] += 1
-        times.append(entry.timestamp)
-        kept.append(entry)
-        if len(kept) > shown * 2:  # keep memory bounded: the newest are kept below
-            kept = sorted(kept, key=lambda e: e.timestamp, reverse=True)[:shown]
-    out.records = sorted(kept, key=lambda e: e.timestamp, reverse=True)[:shown]
-    out.over_time, out.bucket_label = _buckets(times)
-    return out
+        body, _ = body_of(entry.value)
+        row = row_of(entry, dlq, types, body=body)
+        text = redactor.data(body).decode("utf-8", "replace") if query.needs_body else ""
+        if query.takes(source=row.source, event_type=row.event_type, timestamp=row.timestamp, body=text):
+            rows.append(row)
+    pinned = query if query.upto is not None else replace(query, upto=dict(snapshot.ends))
+    page = DlqPage(query=pinned, total=len(rows), snapshot=dict(snapshot.ends))
+    marked = [_mark(row, marks(row.at), copies.get(row.at)) for row in rows]
+    listed = [m for m in marked if not (query.hide_handled and m.mark in HANDLED)]
+    listed.sort(key=lambda m: (m.row.timestamp, m.row.partition, m.row.offset), reverse=True)
+    page.counted = len(listed)
+    for m in marked:
+        page.by_mark[m.mark] += 1
+    for m in listed:
+        page.by_reason[m.row.reason] += 1
+        page.by_source[m.row.source] += 1
+        page.by_type[m.row.event_type or "-"] += 1
+    page.selection = [m.row for m in listed]
+    page.pages = max((len(listed) + page_size - 1) // page_size, 1)
+    page.query = replace(page.query, page=min(query.page, page.pages))  # past the last: the last
+    start = (page.query.page - 1) * page_size
+    page.rows = listed[start : start + page_size]
+    times = [m.row.timestamp for m in listed]
+    if times:
+        page.first_at, page.last_at = min(times), max(times)
+        page.over_time, page.bucket_label = buckets(times)
+    return page
 
 
-def _buckets(times: list[int]) -> tuple[list[tuple[str, int]], str]:
-    """Counts in :data:`BUCKETS` equal spans from the first record's time to the last's."""
-    from pipeline.console.views import iso_time  # noqa: PLC0415  (one helper; no cycle at import time)
+def _mark(row: Row, record: RunRecord | None, newer: tuple[int, int] | None) -> Marked:
+    """What became of ``row``: its history record's mark, or failed again when a copy came back."""
+    if newer is not None:
+        return Marked(
+            row, "failed again", record.run if record else None, newer, record.outcome_text if record else ""
+        )
+    if record is None:
+        return Marked(row, "open")
+    return Marked(row, record.mark, record.run, record.new_record, record.outcome_text)
 
-    if not times:
-        return [], ""
+
+def buckets(times: list[int]) -> tuple[list[tuple[str, int]], str]:
+    """Counts in :data:`BUCKETS` equal spans from the first record's time to the last's (the last
+    bar ends at the last record, not later)."""
     low, high = min(times), max(times)
     span = max((high - low) // BUCKETS + 1, MIN_BUCKET_MS)
-    counts = [0] * BUCKETS
+    count = min(BUCKETS, (high - low) // span + 1)
+    counts = [0] * count
     for at in times:
-        counts[min((at - low) // span, BUCKETS - 1)] += 1
-    labels = [iso_time(low + i * span) for i in range(BUCKETS)]
+        counts[min((at - low) // span, count - 1)] += 1
+    labels = [iso_time(low + i * span) for i in range(count)]
     return list(zip(labels, counts, strict=True)), _span_text(span)
 
 
@@ -86,92 +242,3 @@ def _span_text(ms: int) -> str:
         if ms >= size:
             return f"{ms / size:.3g} {unit}"
     return f"{ms} ms"
-
-
-async def read_record(bootstrap: str, topic: str, partition: int, offset: int) -> DlqEntry | None:
-    """The DLQ record at ``partition``/``offset`` (None when there is none)."""
-    tp = TopicPartition(topic, partition)
-    consumer = await started_reader(bootstrap)
-    try:
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        if offset >= end:
-            return None
-        consumer.seek(tp, offset)
-        for _ in range(20):
-            batch = await consumer.getmany(tp, timeout_ms=250, max_records=1)
-            for record in batch.get(tp, []):
-                if record.offset != offset:
-                    return None  # gone (deleted by retention) or not a data record
-                return parse_entry(partition, offset, record.timestamp, record.key, record.value)
-    finally:
-        await consumer.stop()
-    return None
-
-
-@dataclass(frozen=True)
-class RecordDetail:
-    """One DLQ record as shown: its fields, headers and body (text when UTF-8, and hex), secrets hidden."""
-
-    entry: DlqEntry
-    fields: list[tuple[str, str]]
-    headers: list[tuple[str, str]]
-    body_text: str | None
-    body_hex: str
-    body_bytes: int
-    note: str  # why the body is partial or missing, or ""
-
-
-def detail(entry: DlqEntry, redactor: Redactor) -> RecordDetail:
-    """Everything about ``entry`` the record page shows."""
-    value = entry.value
-    fields: list[tuple[str, str]] = [
-        (name, redactor.text(str(value.get(name))))
-        for name in ("reason", "error", "key", "topic", "partition", "offset", "timestamp", "truncated")
-        if name in value
-    ]
-    body, note = _body(value)
-    body = redactor.data(body)
-    try:
-        text: str | None = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    return RecordDetail(entry, fields, _headers(value, redactor), text, hexdump(body), len(body), note)
-
-
-def _body(value: dict[str, object]) -> tuple[bytes, str]:
-    encoded = value.get("value_base64")
-    if isinstance(encoded, str):
-        try:
-            body = base64.b64decode(encoded, validate=True)
-        except binascii.Error:
-            return b"", "the record's value_base64 is not base64"
-        if value.get("truncated") is True:
-            return (
-                body,
-                f"truncated: only the first {len(body)} of {value.get('value_bytes')} bytes were kept",
-            )
-        return body, ""
-    text = value.get("value")
-    return (text.encode(), "") if isinstance(text, str) else (b"", "the record holds no body")
-
-
-def _headers(value: dict[str, object], redactor: Redactor) -> list[tuple[str, str]]:
-    """The original headers in order (from ``headers_base64``, else ``headers``), as text."""
-    pairs = value.get("headers_base64")
-    out: list[tuple[str, str]] = []
-    if isinstance(pairs, list):
-        for pair in pairs:
-            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
-                continue
-            name, raw = pair
-            try:
-                data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
-            except binascii.Error:
-                data = b"?"
-            out.append((name, redactor.header(name, data.decode("utf-8", "replace"))))
-        return out
-    texts = value.get("headers")
-    if isinstance(texts, dict):
-        out = [(str(k), redactor.header(str(k), str(v))) for k, v in texts.items()]
-    return out

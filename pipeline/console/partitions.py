@@ -83,7 +83,10 @@ class Partitions:
         self, tp: TopicPartition, committed: int | None, end: int, at: int | None, views: Sequence[WorkerView]
     ) -> PartitionRow:
         owner = next((v for v in views if tp.partition in v.owned.get(tp.topic, [])), None)
-        state = (owner.state_of(tp.topic, tp.partition) if owner else None) or "unowned"
+        unasked = owner is None and not all(v.sampled for v in views)  # just started: not "unowned" yet
+        state = (owner.state_of(tp.topic, tp.partition) if owner else None) or (
+            "not asked yet" if unasked else "unowned"
+        )
         remaining = (
             owner.gauge("pipeline_restore_remaining_records", tp.topic, tp.partition) if owner else None
         )

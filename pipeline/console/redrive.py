@@ -1,141 +1,272 @@
-"""Redrives from the console: ``pipeline dlq replay``'s own code, then what became of each record.
+"""Redrives from the console: exactly the records a page chose, recorded in Kafka, then followed.
 
-A redrive replays the chosen DLQ records with :func:`pipeline.ops.dlq.replay`
-and logs who ran it. Before replaying it notes the end of every audit
-partition; the result page then reads the audit from there and finds each
-replayed record's delivery by its ``replayed_from``: ``first``,
-``duplicate``, or ``invalid`` again (with the reason). Runs are kept in
-memory while the console runs.
+A run is written to the redrive history (:mod:`pipeline.console.history`)
+before anything is produced: who, when, what was chosen, where the audit and
+the DLQ ended, and each record as planned. Then each record is read back from
+the DLQ, rebuilt byte for byte with a ``replayed-from`` header
+(:func:`pipeline.records.dlq.rebuild`, as ``pipeline dlq replay`` does) and
+produced to the input topic on its key's partition; the run and its records
+are written again as sent or skipped. A history that cannot be written stops
+the run before any record is produced.
+
+:class:`Follower` then reads the audit from where it ended for each replayed
+record's delivery (``replayed_from``): ``first``, ``duplicate``, or
+``invalid`` again, and for those the new DLQ record (the one whose
+``replayed-from`` header names the old), and writes each outcome to the
+history. It follows every unfinished run, also those of an earlier console.
 """
 
 from __future__ import annotations
 
-import io
-import itertools
+import asyncio
+import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
-from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
+from pipeline.console.dlq_read import read_range, read_records, reading
+from pipeline.console.dlq_view import Row
+from pipeline.console.history import History, HistoryUnavailableError, Run, RunRecord, new_run_id
 from pipeline.console.settings import User
+from pipeline.errors import PipelineError
+from pipeline.headers import REPLAYED_FROM_HEADER
 from pipeline.kafka.admin import partition_count
-from pipeline.kafka.clients import started_reader
+from pipeline.kafka.clients import started_producer
 from pipeline.kafka.partitioner import owner_partition
-from pipeline.ops.dlq import Replayed, replay
-from pipeline.ops.dlq_records import DlqFilter
+from pipeline.log_text import escape
+from pipeline.records.dlq import KEY_SHOWN, NotReplayableError, rebuild
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
-MAX_RUNS = 200
+FOLLOW_FOR_MS = 3_600_000  # a run's outcomes are looked for this long after it ran
+FOLLOW_EVERY_S = 2.0
+MAX_BACKOFF_S = 60.0  # between rounds while Kafka or the history topic is out of reach
 
 
-@dataclass
-class RedriveRun:
-    """One redrive: who ran it, when, what it replayed and skipped, and where the audit stood before."""
-
-    id: int
-    who: str
-    at_ms: int
-    replayed: list[Replayed] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    audit_starts: dict[int, int] = field(default_factory=dict)
-    outcomes: dict[str, str] = field(default_factory=dict)  # where -> outcome, once seen
-
-    @property
-    def done(self) -> bool:
-        """Whether every replayed record's delivery has been seen in the audit."""
-        return all(r.where in self.outcomes for r in self.replayed)
+async def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's end (read_committed) now."""
+    count = await partition_count(bootstrap, topic) or 0
+    async with reading(bootstrap, topic, range(count)) as (_, _, ends):
+        return {tp.partition: offset for tp, offset in ends.items()}
 
 
 class Redrives:
-    """Runs redrives and follows their outcomes."""
+    """Runs redrives and follows their outcomes, through the history."""
 
-    def __init__(self, bootstrap: str, topology: Topology) -> None:
+    def __init__(self, bootstrap: str, topology: Topology, history: History) -> None:
         self.bootstrap = bootstrap
         self.topology = topology
-        self.runs: dict[int, RedriveRun] = {}
-        self._ids = itertools.count(1)
+        self.history = history
+        self._read: dict[str, dict[int, int]] = {}  # run id -> audit partition -> offset read up to
 
-    async def run(self, records: frozenset[tuple[int, int]], user: User, remote: str) -> RedriveRun:
-        """Replay the DLQ records ``records`` (``(partition, offset)``) as ``user``; log it."""
-        who = f"{user.name} ({user.role}) from {remote}"
-        run = RedriveRun(next(self._ids), who, int(time.time() * 1000))
+    async def run(self, chosen: Sequence[Row], user: User, remote: str, description: str) -> Run:
+        """Redrive ``chosen`` as ``user`` from ``remote``; the run as the history now has it."""
+        topics = self.topology.topics
+        now = int(time.time() * 1000)
+        run = Run(
+            id=new_run_id(now),
+            user=user.name,
+            role=str(user.role),
+            remote=remote,
+            at_ms=now,
+            dlq=topics.dlq,
+            input=topics.input,
+            chosen=description,
+            count=len(chosen),
+            reasons=dict(Counter(row.reason for row in chosen)),
+        )
+        who = f"{escape(user.name)} ({user.role}) from {escape(remote)}"
         log.info(
-            "redrive %s by %s: %d DLQ records of %s", run.id, who, len(records), self.topology.topics.dlq
+            "redrive %s by %s: %d DLQ records of %s (%s)",
+            run.id,
+            who,
+            run.count,
+            topics.dlq,
+            escape(description),
         )
-        run.audit_starts = await self._audit_ends()
-        report = await replay(
-            self.bootstrap, self.topology, DlqFilter(records=records), dry_run=False, out=io.StringIO()
-        )
-        run.replayed, run.skipped = report.records, report.skipped
+        run.audit_starts = await _ends(self.bootstrap, topics.audit)
+        run.dlq_starts = await _ends(self.bootstrap, topics.dlq)
+        records = {
+            row.at: RunRecord(run.id, row.partition, row.offset, row.reason, row.key) for row in chosen
+        }
+        await self.history.write(run, list(records.values()))  # before anything is produced
+        try:
+            await self._produce(records)
+            run.state = "sent"
+        except (KafkaError, PipelineError) as exc:
+            run.state, run.error = "failed", f"stopped: {exc!r}"[:500]
+            log.warning("redrive %s by %s failed: %s", run.id, who, escape(run.error, 500))
+        for record in records.values():
+            if record.state == "planned" and run.state == "sent":
+                record.state, record.skip = "skipped", "no longer in the DLQ (retention removed it)"
+        await self.history.write(run, list(records.values()))
+        sent = [r for r in records.values() if r.state == "sent"]
         log.info(
             "redrive %s by %s: replayed %d (%s), skipped %d",
             run.id,
             who,
-            report.count,
-            ", ".join(f"{r.where} {r.key}" for r in report.records[:20]),
-            len(report.skipped),
+            len(sent),
+            ", ".join(
+                f"{topics.dlq}:{r.partition}:{r.offset} {escape(r.key or '-', KEY_SHOWN)}" for r in sent[:20]
+            ),
+            sum(1 for r in records.values() if r.state == "skipped"),
         )
-        self.runs[run.id] = run
-        while len(self.runs) > MAX_RUNS:
-            self.runs.pop(min(self.runs))
-        return run
+        return self.history.runs[run.id]
 
-    async def _audit_ends(self) -> dict[int, int]:
-        audit = self.topology.topics.audit
-        count = await partition_count(self.bootstrap, audit) or 0
-        tps = [TopicPartition(audit, p) for p in range(count)]
-        consumer = await started_reader(self.bootstrap)
+    async def _produce(self, records: dict[tuple[int, int], RunRecord]) -> None:
+        """Rebuild and produce each record (idempotent producer, ``acks=all``); mark each sent or skipped."""
+        topics = self.topology.topics
+        partitions = await partition_count(self.bootstrap, topics.input)
+        if partitions is None:
+            raise PipelineError(f"topic {topics.input} does not exist")
+        producer = await started_producer(self.bootstrap)
+        pending: list[tuple[RunRecord, asyncio.Future[Any]]] = []
         try:
-            ends = await consumer.end_offsets(tps) if tps else {}
+            async for entry in read_records(self.bootstrap, topics.dlq, records):
+                record = records[(entry.partition, entry.offset)]
+                try:
+                    original = rebuild(entry, dlq_topic=topics.dlq, input_topic=topics.input)
+                except NotReplayableError as exc:
+                    record.state, record.skip = "skipped", str(exc)
+                    continue
+                key = original.key
+                partition = owner_partition(key, partitions) if key else original.partition % partitions
+                future = await producer.send(
+                    topics.input,
+                    original.value,
+                    key=key,
+                    partition=partition,
+                    headers=original.headers,
+                    timestamp_ms=original.timestamp,
+                )
+                record.to_partition = partition
+                pending.append((record, future))
+            for record, future in pending:
+                await future
+                record.state = "sent"
         finally:
-            await consumer.stop()
-        return {tp.partition: offset for tp, offset in ends.items()}
+            await producer.stop()
 
-    async def follow(self, run: RedriveRun) -> RedriveRun:
-        """Read the audit since the run for the deliveries of its replayed records."""
-        if run.done:
-            return run
+    async def follow(self, run: Run) -> bool:
+        """Look in the audit (and the DLQ) for the outcomes ``run`` still lacks; write the new ones.
+        Whether any was found."""
+        waiting = {f"{run.dlq}:{r.partition}:{r.offset}": r for r in run.sent if r.outcome is None}
+        if not waiting:
+            return False
+        found: dict[str, tuple[RunRecord, dict[str, Any]]] = {}
         audit = self.topology.topics.audit
         count = len(run.audit_starts)
+        keys = [r.key for r in waiting.values()]
         partitions = (
-            {owner_partition(r.key.encode(), count) for r in run.replayed if r.key is not None}
-            if all(r.key is not None for r in run.replayed)
+            {owner_partition(k.encode(), count) for k in keys if k is not None}
+            if count and all(k is not None for k in keys)
             else set(run.audit_starts)
         )
-        wanted = {r.where for r in run.replayed} - set(run.outcomes)
-        consumer = await started_reader(self.bootstrap)
-        try:
-            tps = [TopicPartition(audit, p) for p in sorted(partitions) if p in run.audit_starts]
-            consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            for tp in tps:
-                consumer.seek(tp, run.audit_starts[tp.partition])
-            left = {tp for tp in tps if run.audit_starts[tp.partition] < ends[tp]}
-            deadline = time.monotonic() + 10
-            while left and wanted and time.monotonic() < deadline:
-                batch = await consumer.getmany(*left, timeout_ms=300)
-                for tp, got in batch.items():
-                    for record in got:
-                        _note(run, wanted, record.value)
-                        if record.offset + 1 >= ends[tp]:
-                            left.discard(tp)
-        finally:
-            await consumer.stop()
-        return run
+        read = self._read.setdefault(run.id, {})
+        starts = {p: max(run.audit_starts[p], read.get(p, 0)) for p in partitions if p in run.audit_starts}
+        async for value in _values(self.bootstrap, audit, starts, reached=read):
+            where = value.get("replayed_from")
+            final = value.get("stage") != "effect" and value.get("outcome") != "rerouted"  # else: comes later
+            if isinstance(where, str) and where in waiting and final:
+                found[where] = (waiting[where], value)
+        if not found:
+            return False
+        await self._find_copies(run, [(r, v) for r, v in found.values() if v.get("outcome") == "invalid"])
+        for record, value in found.values():
+            record.outcome = str(value.get("outcome"))
+            reason = value.get("reason")
+            record.outcome_reason = reason if isinstance(reason, str) else None
+        await self.history.write(None, [record for record, _ in found.values()])
+        return True
+
+    async def _find_copies(self, run: Run, failed: list[tuple[RunRecord, dict[str, Any]]]) -> None:
+        """The new DLQ record of each record that failed again: on the DLQ partition of its input
+        partition, after where the DLQ ended before the run, its ``replayed-from`` naming the old one."""
+        if not failed:
+            return
+        count = len(run.dlq_starts)
+        wanted = {f"{run.dlq}:{r.partition}:{r.offset}": r for r, _ in failed}
+        partitions = {int(v.get("partition") or 0) % count for _, v in failed} if count else set()
+        starts = {p: run.dlq_starts[p] for p in partitions if p in run.dlq_starts}
+        async for value, partition, offset in _values(self.bootstrap, run.dlq, starts, where=True):
+            headers = value.get("headers")
+            named = headers.get(REPLAYED_FROM_HEADER) if isinstance(headers, dict) else None
+            if isinstance(named, str) and named in wanted:
+                wanted[named].new_record = (partition, offset)
 
 
-def _note(run: RedriveRun, wanted: set[str], value: bytes | None) -> None:
-    try:
-        audit = orjson.loads(value) if value is not None else None
-    except orjson.JSONDecodeError:
+async def _values(
+    bootstrap: str,
+    topic: str,
+    starts: dict[int, int],
+    *,
+    where: bool = False,
+    reached: dict[int, int] | None = None,
+) -> Any:
+    """The JSON object values of ``topic``'s partitions from ``starts`` to their end now (with
+    partition and offset when ``where``); ``reached`` gets each partition's end once it is read."""
+    if not starts:
         return
-    if not isinstance(audit, dict):
-        return
-    where = audit.get("replayed_from")
-    if isinstance(where, str) and where in wanted and audit.get("stage") != "effect":
-        outcome = str(audit.get("outcome"))
-        run.outcomes[where] = f"{outcome} ({audit['reason']})" if audit.get("reason") else outcome
-        wanted.discard(where)
+    async with reading(bootstrap, topic, starts) as (consumer, tps, ends):
+        for tp in tps:
+            if reached is not None:
+                reached[tp.partition] = max(reached.get(tp.partition, 0), starts[tp.partition])
+            async for record in read_range(consumer, tp, starts[tp.partition], ends[tp]):
+                try:
+                    value = orjson.loads(record.value) if record.value is not None else None
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(value, dict):
+                    yield (value, tp.partition, record.offset) if where else value
+            if reached is not None and await consumer.position(tp) >= ends[tp]:
+                reached[tp.partition] = ends[tp]
+
+
+class Follower:
+    """In the background: reads the history, and follows every run that still waits for outcomes."""
+
+    def __init__(self, redrives: Redrives, *, every: float = FOLLOW_EVERY_S) -> None:
+        self.redrives = redrives
+        self.every = every
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin following."""
+        self._task = asyncio.create_task(self._loop(), name="console-redrive-follower")
+
+    async def stop(self) -> None:
+        """Stop following."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def once(self) -> None:
+        """One round: refresh the history, follow each unfinished run of the last hour."""
+        history = self.redrives.history
+        await history.refresh()
+        recent = int(time.time() * 1000) - FOLLOW_FOR_MS
+        for run in history.newest_first():
+            if run.at_ms < recent:
+                break
+            if not run.done:
+                await self.redrives.follow(run)
+
+    async def _loop(self) -> None:
+        wait = self.every
+        while True:
+            try:
+                await self.once()
+                wait = self.every
+            except (HistoryUnavailableError, PipelineError, KafkaError) as exc:
+                wait = min(wait * 2, MAX_BACKOFF_S)
+                log.warning("console: following redrives: %s; again in %.0fs", escape(exc, 500), wait)
+            except Exception:  # a follower that dies would leave every run waiting: log it and go on
+                log.exception("console: following redrives failed")
+                wait = min(wait * 2, MAX_BACKOFF_S)
+            await asyncio.sleep(wait)

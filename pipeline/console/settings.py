@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from pipeline.console.guard import allowed_hosts, check_public_url
 from pipeline.errors import ConfigError
 
 TOKENS_ENV = "PIPELINE_CONSOLE_TOKENS"
@@ -93,7 +94,8 @@ class ConsoleSettings:
     group: str = ""  # empty: the topology's app name, as the worker's default
     users: tuple[User, ...] = field(default=(), repr=False)
     refresh_seconds: float = 3.0
-    dlq_shown: int = 500  # DLQ records listed on a page (counts cover every record)
+    dlq_shown: int = 100  # DLQ records listed on a page (counts cover every record)
+    public_url: str = ""  # where browsers reach it (behind a proxy, or by a name): its host is allowed
 
     def __post_init__(self) -> None:
         if not self.host.strip():
@@ -104,11 +106,21 @@ class ConsoleSettings:
             raise ConfigError(f"--refresh must be in 0.5..60 seconds, got {self.refresh_seconds:g}")
         if not 1 <= self.dlq_shown <= 10_000:
             raise ConfigError(f"the DLQ page size must be in 1..10000, got {self.dlq_shown}")
+        if self.public_url:
+            problem = check_public_url(self.public_url)
+            if problem is not None:
+                raise ConfigError(problem)
         if not self.users and not is_loopback(self.host):
             raise ConfigError(
                 f"the console would listen on {self.host}, which is not loopback, without tokens: set "
                 f"{TOKENS_ENV}=name:role:token[,...] (role read or redrive), or listen on 127.0.0.1"
             )
+
+    @property
+    def allowed_hosts(self) -> frozenset[str]:
+        """The host names a request may name in its ``Host`` header (loopback, the listen address,
+        ``public_url``'s host): any other is refused, so a rebound DNS name reaches nothing."""
+        return allowed_hosts(self.host, self.public_url)
 
     @property
     def open_locally(self) -> bool:

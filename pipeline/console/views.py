@@ -1,58 +1,25 @@
-"""Rendering: the Jinja2 templates (every value escaped), their filters, and redacting secrets.
+"""Rendering: the Jinja2 templates (every value escaped, nothing hidden) and their filters.
 
 A webhook body, its headers and its key are attacker-controlled: templates
-only ever print them through autoescaping (no ``|safe`` anywhere), and
-:class:`Redactor` replaces every configured secret's value, and the values
-of headers that carry credentials, before anything reaches a template.
+only ever print them through autoescaping (no ``|safe`` anywhere), and every
+printed value first has its control, bidi and zero-width characters written
+as escapes (:func:`pipeline.log_text.reveal`), so a key cannot read as
+another (``invoice\u202egnp.exe``); a body keeps its line breaks (the
+``lines`` filter). Secrets are taken out before anything reaches a template
+(:mod:`pipeline.console.redaction`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
+from markupsafe import Markup, escape
 
-from pipeline.credentials import source_secrets
-from pipeline.topology import Topology
-
-REDACTED = "[redacted]"
-#: Header names whose values are credentials (the ingress drops most of them; older records may not).
-_SECRET_HEADER = re.compile(r"authorization|cookie|secret|token|password|api[-_]?key", re.IGNORECASE)
-_MIN_SECRET = 6  # shorter values would redact ordinary text
-
-
-class Redactor:
-    """Hides the topology's secret values, and credential headers, from what the console renders."""
-
-    def __init__(self, secret_values: Iterable[str]) -> None:
-        self._texts = sorted({s for s in secret_values if len(s) >= _MIN_SECRET}, key=len, reverse=True)
-        self._bytes = [s.encode() for s in self._texts]
-
-    @classmethod
-    def of(cls, topology: Topology, environ: Mapping[str, str]) -> Redactor:
-        """The secrets the topology's sources read from ``environ``."""
-        return cls(value for source in topology.sources.values() for value in source_secrets(source, environ))
-
-    def text(self, value: str) -> str:
-        """``value`` with every secret replaced."""
-        for secret in self._texts:
-            value = value.replace(secret, REDACTED)
-        return value
-
-    def data(self, value: bytes) -> bytes:
-        """``value`` with every secret's bytes replaced."""
-        for secret in self._bytes:
-            value = value.replace(secret, REDACTED.encode())
-        return value
-
-    def header(self, name: str, value: str) -> str:
-        """A header's value as shown: redacted whole when its name says it is a credential."""
-        return REDACTED if _SECRET_HEADER.search(name) else self.text(value)
+from pipeline.log_text import reveal
 
 
 def iso_time(ms: int | None) -> str:
@@ -83,15 +50,31 @@ def hexdump(data: bytes, *, limit: int = 65_536) -> str:
     return "\n".join(lines)
 
 
+def shown(value: Any) -> Any:
+    """What every ``{{ ... }}`` prints: text with its hidden characters revealed (then autoescaped);
+    markup already escaped (``|e``, ``|lines``) as it is."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return reveal(value)
+    return value
+
+
+def lines(text: str) -> Markup:
+    """A body over several lines: escaped, hidden characters revealed, line breaks and tabs kept."""
+    return escape(reveal(text, keep="\n\t"))
+
+
 def make_environment() -> jinja2.Environment:
-    """The template environment: templates from the package, autoescape on for every template."""
+    """The template environment: templates from the package, autoescape on for every template, and
+    every printed value passed through :func:`shown`."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("pipeline.console", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=shown,
     )
+    env.filters["lines"] = lines
     env.filters["time"] = iso_time
     env.filters["keypath"] = key_path
     env.filters["quote"] = lambda text: quote(str(text), safe="")

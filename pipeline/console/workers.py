@@ -36,6 +36,7 @@ class WorkerView:
     its partitions' states and a few gauges."""
 
     url: str
+    sampled: bool = False  # asked at least once (a console just started has not yet)
     reachable: bool = False
     healthy: bool = False
     alive: bool = False  # restoring, say: not serving everything yet, and nothing wrong
@@ -62,7 +63,7 @@ def base_url(url: str) -> str:
 
 async def poll_worker(session: aiohttp.ClientSession, url: str) -> WorkerView:
     """Ask one worker everything the console shows about it; an unreachable one says why."""
-    view = WorkerView(url)
+    view = WorkerView(url, sampled=True)
     base = base_url(url)
     try:
         async with session.get(f"{base}/readyz") as response:

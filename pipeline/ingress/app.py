@@ -38,6 +38,7 @@ from pipeline.ingress.request import (
 )
 from pipeline.ingress.sink import OutgoingRecord, Produced, RecordTooLargeForBrokerError, Sink
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.log_text import escape
 from pipeline.providers.base import Provider
 from pipeline.topology import Topology, Verify
 
@@ -80,14 +81,6 @@ class _Source:
     provider: Provider
     secrets: tuple[str, ...]
     verify: bool
-
-
-def _printable(text: str, limit: int = 200) -> str:
-    """``text`` safe for one log line or a JSON reason (no control characters, bounded)."""
-    if len(text) <= limit and text.isprintable():
-        return text  # the usual key: nothing to escape or cut
-    cleaned = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text[:limit])
-    return cleaned + ("…" if len(text) > limit else "")
 
 
 def _json(
@@ -155,15 +148,17 @@ class _Handlers:
     async def _webhook(self, request: web.Request, name: str, source: _Source | None) -> web.Response:
         received_at = self.clock()
         if source is None:
-            error = UnknownSourceError(f"source {_printable(name, 64)!r} is not configured")
-            log.warning("refused webhook for unknown source %s key=-: 404", _printable(name, 64))
+            error = UnknownSourceError(f"source {escape(name, 64)!r} is not configured")
+            log.warning("refused webhook for unknown source %s key=-: 404", escape(name, 64))
             return self._refuse(404, error)
         try:
             check_content_encoding(request)
             body = await read_body(request, self.max_body_bytes)
         except BodyError as exc:  # too large, undecodable, unsupported coding, cut short
             status = STATUS.get(type(exc), 400)
-            log.warning("refused webhook from %s key=-: %s %s: %s", source.name, status, exc.reason, exc)
+            log.warning(
+                "refused webhook from %s key=-: %s %s: %s", source.name, status, exc.reason, escape(exc, 500)
+            )
             return self._refuse(status, exc)
         self.metrics.body(len(body))
         headers = request.headers
@@ -208,7 +203,7 @@ class _Handlers:
             partition=owner_partition(key_bytes, self.sink.partitions),
             timestamp_ms=received_ms,
         )
-        shown = _printable(key)
+        shown = escape(key)
         try:
             with self.deadlines.wait():  # one timer for every request's wait (see deadline.py)
                 produced: Produced = await self.sink.send(record)
@@ -256,16 +251,14 @@ class _Handlers:
                 self._key_for_log(source, request, body),
                 status,
                 error.reason,
-                error,
+                escape(error, 500),
             )
         return _json(status, {"error": str(error), "reason": error.reason}, headers)
 
     @staticmethod
     def _key_for_log(source: _Source, request: web.Request, body: bytes) -> str:
         try:
-            return _printable(
-                f"{source.name}:{source.provider.idempotency_key(request.headers, body).strip()}"
-            )
+            return escape(f"{source.name}:{source.provider.idempotency_key(request.headers, body).strip()}")
         except InvalidRecordError:
             return "-"
 

@@ -77,6 +77,13 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     return specs
 
 
+def redrive_history_spec(topology: Topology) -> TopicSpec:
+    """The console's redrive history: one partition (one order for every run), compacted (each run
+    and each redriven record is keyed; its latest state is kept), never rescaled."""
+    configs = {"max.message.bytes": str(MAX_MESSAGE_BYTES), "cleanup.policy": "compact"}
+    return TopicSpec(topology.topics.redrives, 1, topology.topics.replication, configs)
+
+
 # what an admin request raises when the broker went away after the client started
 UNREACHABLE = (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError, KafkaTimeoutError)
 

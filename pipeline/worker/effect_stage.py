@@ -27,6 +27,7 @@ from aiokafka import TopicPartition
 from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object
 from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
+from pipeline.log_text import escape
 from pipeline.state.decision import Outcome, decide
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.topology import Topology
@@ -190,8 +191,8 @@ class EffectStage:
         log.info(
             "%s effect_key=%s key=%s outcome=%s",
             self.name,
-            effect_key,
-            command.get("key"),
+            escape(effect_key),
+            escape(command.get("key")),
             decision.outcome.value,
         )
         self.recorder.outcome(str(source) if source is not None else None, f"effect-{decision.outcome.value}")
@@ -217,7 +218,7 @@ class EffectStage:
         log.info(
             "%s effect_key=%s offset=%s rerouted to partition %s",
             self.name,
-            effect_key,
+            escape(effect_key),
             delivery.offset,
             partition,
         )

@@ -19,6 +19,7 @@ from typing import Any
 from pipeline.contract import Delivery, audit_value
 from pipeline.dead_letter import dlq_value
 from pipeline.headers import REROUTED_FROM_HEADER
+from pipeline.log_text import escape
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.transaction import Header
 from pipeline.topology import Topics
@@ -141,9 +142,9 @@ class Emitter:
             "%s-%s key=%s offset=%s to the DLQ: %s (%s)",
             delivery.topic,
             delivery.partition,
-            key,
+            escape(key),
             delivery.offset,
-            error,
+            escape(error, 1000),
             reason,
         )
 

@@ -26,6 +26,7 @@ from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
 from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
 from pipeline.kafka.partitioner import key_hash
+from pipeline.log_text import escape
 from pipeline.state.decision import Entry, Outcome, decide, fingerprint_like, volatile_pattern
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.transaction import Header
@@ -255,7 +256,7 @@ class EventStage:
             log.warning(
                 "%s key=%s offset=%s conflict: body differs from the first copy's (offset %s); not processed",
                 self.name,
-                item.key,
+                escape(item.key),
                 delivery.offset,
                 entry.offset,
             )
@@ -272,7 +273,7 @@ class EventStage:
             hashed=placed,
         )
         if self._debug:
-            log.debug("%s key=%s offset=%s outcome=%s", self.name, item.key, delivery.offset, outcome)
+            log.debug("%s key=%s offset=%s outcome=%s", self.name, escape(item.key), delivery.offset, outcome)
         self.recorder.outcome(source, outcome)
 
     def _skewed(self, delivery: Delivery, key: str) -> int:
@@ -285,7 +286,7 @@ class EventStage:
                 "%s key=%s offset=%s is dated %ss ahead of this clock; handled at the bound of %ss "
                 "(--max-clock-skew; such records are counted in pipeline_clock_skewed_records_total)",
                 self.name,
-                key,
+                escape(key),
                 delivery.offset,
                 (delivery.timestamp - self._horizon + self.max_skew_ms) // 1000,
                 self.max_skew_ms // 1000,
@@ -346,7 +347,7 @@ class EventStage:
         log.info(
             "%s key=%s offset=%s rerouted to partition %s",
             self.name,
-            item.key,
+            escape(item.key),
             delivery.offset,
             item.partition,
         )

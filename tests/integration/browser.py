@@ -50,11 +50,11 @@ def _first(paths: tuple[str, ...]) -> str | None:
     return next((p for p in paths if Path(p).exists()), None)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    """A headless Chromium (Selenium WebDriver), shared by a module's tests."""
-    chromium, driver = _first(CHROMIUM), _first(DRIVER) or shutil.which("chromedriver")
-    if chromium is None or driver is None:
+def chromium(*, resolve: dict[str, str] | None = None) -> Iterator[object]:
+    """A headless Chromium (Selenium WebDriver) until the generator is closed; ``resolve`` maps host
+    names to addresses (as a DNS rebinding would), every other name but loopback fails to resolve."""
+    binary, driver = _first(CHROMIUM), _first(DRIVER) or shutil.which("chromedriver")
+    if binary is None or driver is None:
         if os.environ.get("CI") == "true":
             pytest.fail("no chromium and chromium-driver: scripts/bootstrap installs them (apt-get)")
         pytest.skip("no chromium and chromium-driver (scripts/bootstrap installs them with apt-get)")
@@ -62,15 +62,22 @@ def browser() -> Iterator[object]:
     from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
 
     options = webdriver.ChromeOptions()
-    options.binary_location = chromium
+    options.binary_location = binary
+    rules = "".join(f"MAP {name} {address}, " for name, address in (resolve or {}).items())
     for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
+        options.add_argument(flag.replace("--host-resolver-rules=", "--host-resolver-rules=" + rules))
     session = webdriver.Chrome(options=options, service=Service(executable_path=driver))
     session.set_page_load_timeout(60)
     try:
         yield session
     finally:
         session.quit()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """A headless Chromium (Selenium WebDriver), shared by a module's tests."""
+    yield from chromium()
 
 
 def screenshot(driver: object, name: str) -> None:

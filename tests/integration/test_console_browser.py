@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -162,6 +163,9 @@ async def test_a_dlq_record_redriven_from_the_page_after_the_fix_gives_exactly_o
         screenshot(browser, "dlq")
         browser.find_element(By.CSS_SELECTOR, "#records input.pick").click()
         browser.find_element(By.ID, "redrive-selected").click()
+        _wait(browser, lambda d: d.find_elements(By.ID, "confirm"))
+        assert "bad-signature" in _text(browser, "confirm-reasons")
+        browser.find_element(By.ID, "confirm").click()
         _wait(browser, lambda d: "/redrives/" in d.current_url)
         row = "#redriven tbody tr"
         _wait(
@@ -183,7 +187,7 @@ async def test_a_dlq_record_redriven_from_the_page_after_the_fix_gives_exactly_o
     finally:
         assert stop(console) == 0
     log = (tmp_path / "console.log").read_text()
-    assert "redrive 1 by local (redrive) from 127.0.0.1: replayed 1" in log
+    assert re.search(r"redrive \S+ by local \(redrive\) from 127\.0\.0\.1: replayed 1 ", log), log
 
 
 async def test_a_body_holding_a_script_renders_as_text_and_never_runs(
@@ -221,7 +225,7 @@ async def test_a_body_holding_a_script_renders_as_text_and_never_runs(
         browser.find_element(By.ID, "as-hex").click()
         assert "3c 73 63 72 69 70 74 3e" in _text(browser, "body-hex")  # "<script>" as bytes
         browser.get(f"{base}/dlq")
-        browser.find_element(By.CSS_SELECTOR, "#records tbody tr td:nth-child(6) a").click()
+        browser.find_element(By.CSS_SELECTOR, "#records tbody tr td:nth-child(7) a").click()
         assert _text(browser, "key") == key
         assert browser.execute_script("return window.pwned") is None
     finally:
@@ -275,12 +279,13 @@ async def test_off_loopback_the_console_needs_a_token_and_each_role_gets_only_it
                 f"{base}/dlq/redrive", data=form, headers={"Authorization": f"Bearer {reader}"}
             ) as answer:
                 assert answer.status == 403
+            own = {"Origin": base}
             async with session.post(
-                f"{base}/login", data={"token": operator}, allow_redirects=False
+                f"{base}/login", data={"token": operator}, headers=own, allow_redirects=False
             ) as answer:
                 assert answer.status == 303
             async with session.post(
-                f"{base}/dlq/redrive", data=form
+                f"{base}/dlq/redrive", data=form, headers=own
             ) as answer:  # a cookie, but no CSRF token
                 assert answer.status == 403
                 assert "CSRF" in await answer.text()
@@ -297,4 +302,38 @@ async def test_off_loopback_the_console_needs_a_token_and_each_role_gets_only_it
         assert not browser.find_elements(By.ID, "redrive-all")
     finally:
         browser.delete_all_cookies()
+        assert stop(console) == 0
+
+
+async def test_the_key_page_shows_the_first_body_a_conflicting_one_and_the_command(
+    pipeline_env: MakeEnv, browser: WebDriver, tmp_path: Any
+) -> None:
+    """The first delivery's body, a later copy whose body differs (a conflict) and the command's value
+    are on the key page, each from Kafka, escaped and with their secrets redacted."""
+    env: Env = await pipeline_env(partitions=2)
+    env.start_worker("w")
+    shaped = "sk_live_51Hconsoletest0123456789"
+    first = orjson.dumps({"id": "evt_b1", "type": "invoice.paid", "api_key": shaped, "note": "<b>first</b>"})
+    second = orjson.dumps({"id": "evt_b1", "type": "invoice.paid", "note": "second"})
+    now = int(time.time() * 1000)
+    await env.produce([(b"stripe:evt_b1", first, [("source", b"stripe")], None, now)])
+    await env.produce([(b"stripe:evt_b1", second, [("source", b"stripe")], None, now + 1000)])
+    await wait_for_audit(env, 2)
+    console, base = start_console(env.bootstrap, env.topology_path, tmp_path / "console.log", "--workers", "")
+    try:
+        browser.get(f"{base}/keys/stripe%3Aevt_b1")
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "section.body"))
+        sections = browser.find_elements(By.CSS_SELECTOR, "section.body")
+        titles = [s.find_element(By.TAG_NAME, "h3").text.split(" ")[0:2] for s in sections]
+        assert titles == [["First", "delivery"], ["Conflicting", "delivery"], ["Command", "(handle)"]]
+        first_text, conflict_text, command_text = (
+            s.find_element(By.CSS_SELECTOR, "pre").text for s in sections
+        )
+        assert '"note":"<b>first</b>"' in first_text
+        assert '"api_key":"[redacted]"' in first_text
+        assert '"note":"second"' in conflict_text
+        assert '"key": "stripe:evt_b1"' in command_text
+        assert shaped not in browser.page_source
+        screenshot(browser, "key-bodies")
+    finally:
         assert stop(console) == 0

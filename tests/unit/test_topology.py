@@ -136,3 +136,11 @@ def test_effect_ttls_count_towards_the_changelog_retention() -> None:
     topo = topology.load(ROOT / "topologies" / "stripe-fulfilment.toml")
     assert topo.has_effects
     assert topo.changelog_retention == timedelta(days=31)
+
+
+def test_the_redrive_history_topic_is_named_by_the_app_and_distinct() -> None:
+    """``topics.redrives`` defaults to ``<app>-redrives`` and may not reuse another topic's name."""
+    topo = topology.parse({"app": {"name": "shop"}, "sources": {"github": {"verify": "none"}}})
+    assert topo.topics.redrives == "shop-redrives"
+    with pytest.raises(TopologyError, match="redrives topics must be distinct"):
+        topology.parse({"topics": {"redrives": "webhooks.dlq"}, "sources": {"github": {"verify": "none"}}})

@@ -64,3 +64,30 @@ def test_settings_out_of_range_are_refused(field: str, value: object) -> None:
     """A port, refresh or host out of range stops the console before it listens."""
     with pytest.raises(ConfigError):
         ConsoleSettings(bootstrap="b:1", topology=TOPOLOGY, **{field: value})  # type: ignore[arg-type]
+
+
+def test_the_start_line_says_where_it_listens_when_that_is_not_its_url() -> None:
+    """On every address the line names the address beside the loopback URL; with --public-url the URL is it."""
+    from pipeline import topology  # noqa: PLC0415
+    from pipeline.console.server import Console  # noqa: PLC0415
+
+    topo = topology.load(TOPOLOGY)
+    users = parse_tokens("ann:read:aaaaaaaaaaaaaaaa")
+    every = Console(ConsoleSettings(bootstrap="b:1", topology=TOPOLOGY, host="0.0.0.0", users=users), topo)
+    assert every.where == "http://127.0.0.1:8090/ (listening on 0.0.0.0:8090 (every address))"
+    local = Console(ConsoleSettings(bootstrap="b:1", topology=TOPOLOGY), topo)
+    assert local.where == local.url == "http://127.0.0.1:8090/"
+    public = ConsoleSettings(
+        bootstrap="b:1", topology=TOPOLOGY, host="0.0.0.0", users=users, public_url="https://ops.example/"
+    )
+    assert Console(public, topo).where == "https://ops.example/ (listening on 0.0.0.0:8090 (every address))"
+    assert public.allowed_hosts == {"localhost", "127.0.0.1", "::1", "ops.example"}
+
+
+@pytest.mark.parametrize(
+    "url", ["ops.example", "ftp://ops.example", "https://ops.example/console/", "https://"]
+)
+def test_a_public_url_is_a_scheme_and_a_host(url: str) -> None:
+    """A public URL without http(s), without a host, or with a path (the pages link from /) is refused."""
+    with pytest.raises(ConfigError, match="--public-url"):
+        ConsoleSettings(bootstrap="b:1", topology=TOPOLOGY, public_url=url)

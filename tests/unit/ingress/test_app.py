@@ -400,3 +400,19 @@ async def test_stop_drains_in_flight_requests_then_stops_the_sink(sink: FakeSink
         assert sink.stopped
         with pytest.raises(aiohttp.ClientConnectionError):
             await session.post(f"{url}/webhooks/plain", data=stripe_body("evt_late"))
+
+
+async def test_a_refused_webhooks_key_and_source_stay_on_one_log_line(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A source or event id holding a newline or a bidi override is written escaped in the refusal's line."""
+    caplog.set_level(logging.WARNING, logger="pipeline.ingress")
+    client = await make_client()
+    await client.post("/webhooks/no%0Asuch%E2%80%AE", data=b"{}")
+    body = orjson.dumps({"id": "evt_1\nINFO forged", "type": "x"})
+    await client.post("/webhooks/stripe", data=body, headers={"Stripe-Signature": "t=1,v1=00"})
+    lines = [r.getMessage() for r in caplog.records if "refused webhook" in r.getMessage()]
+    assert len(lines) == 2
+    assert all("\n" not in line for line in lines)
+    assert "no\\nsuch\\u202e" in lines[0]
+    assert "key=stripe:evt_1\\nINFO forged" in lines[1]

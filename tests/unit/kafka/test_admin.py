@@ -62,3 +62,16 @@ async def test_a_broker_lost_between_two_admin_requests_is_broker_unavailable(
         async with admin.admin_client("127.0.0.1:1") as client:
             raise KafkaConnectionError("Connection at 127.0.0.1:1 closed")
     assert client.closed
+
+
+def test_the_redrive_history_is_one_compacted_partition_outside_the_rescaled_topics() -> None:
+    """``topics create`` adds the console's history: compacted, one partition, and never in the
+    specs ``rescale`` raises to N partitions."""
+    topo = load(TOPOLOGY_PATH)
+    spec = admin.redrive_history_spec(topo)
+    assert (spec.name, spec.partitions, spec.configs["cleanup.policy"]) == (
+        topo.topics.redrives,
+        1,
+        "compact",
+    )
+    assert spec.name not in {s.name for s in topic_specs(topo, 8)}

@@ -1,6 +1,6 @@
 """What a key lookup reports (``pipeline inspect KEY`` and the console's key page), and how it reads as text.
 
-:mod:`pipeline.ops.lookup` fills a :class:`Report` from the owning worker and the
+:mod:`pipeline.records.lookup` fills a :class:`Report` from the owning worker and the
 key's records in Kafka; this module only holds the report and renders it.
 """
 

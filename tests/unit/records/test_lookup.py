@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import topology
-from pipeline.ops.key_report import Delivery, DlqRecord, Report
-from pipeline.ops.lookup import _from_worker, key_url, summarise
+from pipeline.records.key_report import Delivery, DlqRecord, Report
+from pipeline.records.lookup import _from_worker, key_url, summarise
 
 ROOT = Path(__file__).resolve().parents[3]
 

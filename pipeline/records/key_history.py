@@ -4,7 +4,7 @@ Each read takes one partition, the one the record contract puts the key on
 (``docs/design.md``, section 3), and reads it ``read_committed`` up to the end
 it had when the read started: audit records and commands go to murmur2(key) of
 their topic, DLQ records to the input partition modulo the DLQ's count.
-``pipeline/ops/lookup.py`` turns what these return into a report.
+``pipeline/records/lookup.py`` turns what these return into a report.
 """
 
 from __future__ import annotations
@@ -82,3 +82,43 @@ def _object(value: bytes | None) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One record read back whole: its value and headers as Kafka holds them."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+async def read_at(
+    bootstrap: str, topic: str, partition: int, offset: int, *, timeout: float = 5.0
+) -> Stored | None:
+    """The committed record at ``topic``/``partition``/``offset``; None when there is none (retention
+    removed it, an aborted record, a transaction marker, or not read within ``timeout``)."""
+    tp = TopicPartition(topic, partition)
+    consumer = await started_reader(bootstrap)
+    try:
+        consumer.assign([tp])
+        first = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        if not first <= offset < end:
+            return None
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and await consumer.position(tp) <= offset:
+            batch = await consumer.getmany(tp, timeout_ms=250, max_records=1)
+            for record in batch.get(tp, []):
+                if record.offset != offset:
+                    return None
+                headers = tuple((name, value or b"") for name, value in record.headers)
+                return Stored(topic, partition, offset, record.timestamp, record.key, record.value, headers)
+    finally:
+        await consumer.stop()
+    return None

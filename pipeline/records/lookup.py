@@ -25,8 +25,8 @@ from yarl import URL
 
 from pipeline.kafka.admin import partition_count
 from pipeline.kafka.partitioner import owner_partition
-from pipeline.ops.key_history import Found, read_key
-from pipeline.ops.key_report import CommandRecord, Delivery, DlqRecord, Report
+from pipeline.records.key_history import Found, read_key
+from pipeline.records.key_report import CommandRecord, Delivery, DlqRecord, Report
 from pipeline.topology import Topology
 from pipeline.worker.event_stage import DEFAULT_COMMAND
 
