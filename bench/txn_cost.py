@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.producer import sender as aiokafka_sender
 
-from pipeline.kafka.clients import CONCURRENT_TXN_RETRY_S
+from pipeline.worker.clients import CONCURRENT_TXN_RETRY_S
 
 WARM_UP = 30
 SHAPES = ((1, False), (3, True))

@@ -21,6 +21,8 @@ from pipeline.headers import HTTP_PREFIX, RECEIVED_AT_HEADER, SOURCE_HEADER
 
 Headers = Sequence[tuple[str, bytes | None]]  # a consumer may hand over a header without a value
 
+#: The command a route names when it names none (the command value's ``command``).
+DEFAULT_COMMAND = "handle"
 #: ``received-at`` is ms since the epoch between 2000-01-01 and 2200-01-01 UTC, in ASCII digits.
 RECEIVED_AT_MIN_MS = 946_684_800_000
 RECEIVED_AT_MAX_MS = 7_258_118_400_000

@@ -146,8 +146,8 @@ def cmd_rescale(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
 
     from pipeline.kafka.admin import check_bootstrap  # noqa: PLC0415
-    from pipeline.ops.foreground import run_foreground  # noqa: PLC0415
-    from pipeline.ops.up import Up, UpSettings  # noqa: PLC0415
+    from pipeline.stack.foreground import run_foreground  # noqa: PLC0415
+    from pipeline.stack.up import Up, UpSettings  # noqa: PLC0415
 
     if args.bootstrap is not None:
         check_bootstrap(args.bootstrap)

@@ -10,8 +10,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cli.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.kafka.settings import DEFAULT_BOOTSTRAP
+from pipeline.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.topology import DEFAULT_TOPOLOGY
 from pipeline.worker.settings import WorkerSettings
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import topology
-from pipeline.cli.options import WORKER_OPTIONS
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.options import WORKER_OPTIONS
 from pipeline.resources import packaged_topologies, topology_reference
 from pipeline.topology import DEFAULT_TOPOLOGY, Topology
 from pipeline.worker.settings import WORKER_DEFAULTS

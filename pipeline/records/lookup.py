@@ -23,12 +23,12 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
+from pipeline.contract import DEFAULT_COMMAND
 from pipeline.kafka.admin import partition_count
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.records.key_history import Found, read_key
 from pipeline.records.key_report import CommandRecord, Delivery, DlqRecord, Report
 from pipeline.topology import Topology
-from pipeline.worker.event_stage import DEFAULT_COMMAND
 
 
 def _last_seen(first_seen: int | None, last_seen: int | None) -> int | None:

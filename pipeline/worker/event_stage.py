@@ -22,7 +22,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.contract import BAD_TIMESTAMP, Delivery, command_value
+from pipeline.contract import BAD_TIMESTAMP, DEFAULT_COMMAND, Delivery, command_value
 from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
 from pipeline.kafka.partitioner import key_hash
@@ -39,7 +39,6 @@ from pipeline.worker.stage import HandlerFailedError, Poison, handle_in_chunks
 
 log = logging.getLogger(__name__)
 
-DEFAULT_COMMAND = "handle"
 # Body fields a provider changes from one delivery attempt to the next: left out of conflict checks.
 VOLATILE_FIELDS: Mapping[str, tuple[str, ...]] = {"stripe": ("pending_webhooks",)}
 

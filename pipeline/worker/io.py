@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pipeline.kafka import internals
 from pipeline.kafka.admin import TopicLayout, topic_layout
 from pipeline.kafka.changelog import ChangelogReader
-from pipeline.kafka.clients import STANDBY_CLIENT_ID, transactional_producer, worker_consumer
+from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from pipeline.kafka.fencing import fence_transactional_id
 from pipeline.kafka.group import ConsumerGroup
 from pipeline.kafka.requests import GroupMetadata
@@ -27,6 +27,7 @@ from pipeline.kafka.transactional import SendOffsets
 from pipeline.state.directory import StoreOpener
 from pipeline.state.store import PartitionStore
 from pipeline.topology import Topology
+from pipeline.worker.clients import transactional_producer, worker_consumer
 from pipeline.worker.settings import WorkerSettings
 
 

@@ -23,7 +23,6 @@ from aiokafka.errors import KafkaError
 
 from pipeline.errors import BrokerUnavailableError, PipelineError, ProducerFencedError
 from pipeline.kafka import internals
-from pipeline.kafka.clients import worker_transactional_id
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.directory import StateDirLock
@@ -32,6 +31,7 @@ from pipeline.state.transaction import Transaction
 from pipeline.topology import CHANGELOG_MARGIN, Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
+from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.executor import Outcome, TaskExecutor

@@ -1,7 +1,7 @@
 """The worker's settings, immutable and validated at start-up: the one place every worker default lives.
 
 Each field of :class:`WorkerSettings` has one command-line flag and one environment
-variable, named in :data:`pipeline.cli.options.WORKER_OPTIONS`; ``pipeline worker --help``
+variable, named in :data:`pipeline.options.WORKER_OPTIONS`; ``pipeline worker --help``
 lists them. A field's default is its dataclass default (:data:`WORKER_DEFAULTS`), or,
 for a field the class requires, its option's.
 """

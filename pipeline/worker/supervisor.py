@@ -38,8 +38,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pipeline.cli.options import WORKER_OPTIONS
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.options import WORKER_OPTIONS
 from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
 from pipeline.worker.settings import WorkerSettings
 

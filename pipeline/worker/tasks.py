@@ -29,9 +29,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import PartitionUnservedError, PipelineError
-from pipeline.kafka.clients import legacy_transactional_id
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import Transaction
+from pipeline.worker.clients import legacy_transactional_id
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.executor import Outcome
 from pipeline.worker.fetch import LoopFetch

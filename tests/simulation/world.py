@@ -27,10 +27,10 @@ from aiokafka.coordinator.protocol import ConsumerProtocol
 from pipeline import topology as topology_module
 from pipeline.errors import BrokerUnavailableError, StoreLockedError
 from pipeline.kafka.admin import topic_specs
-from pipeline.kafka.clients import worker_consumer
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker.clients import worker_consumer
 from pipeline.worker.io import kafka_io
 from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings

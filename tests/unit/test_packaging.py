@@ -17,7 +17,7 @@ from pipeline import downstream, resources, topology
 from pipeline.cli import main
 from pipeline.errors import ConfigError, MissingExtraError, TopologyError
 from pipeline.ops.init import init
-from pipeline.ops.local_broker import LocalBroker
+from pipeline.stack.local_broker import LocalBroker
 from pipeline.topology import DEFAULT_TOPOLOGY
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 from pipeline import credentials, providers, topology
 from pipeline.durations import parse_duration
 from pipeline.errors import ConfigError, TopologyError
-from pipeline.ops.up import dev_secrets
+from pipeline.stack.up import dev_secrets
 
 GOOD_SW = "whsec_" + base64.b64encode(random.Random(3).randbytes(24)).decode()
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from pipeline.cli import build_parser, ingress_settings, main, settings_defaults, shown, worker_settings
-from pipeline.cli.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.errors import ConfigError
 from pipeline.ingress.server import IngressSettings
+from pipeline.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.worker.settings import WORKER_DEFAULTS, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -9,8 +9,8 @@ import pytest
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from aiokafka.producer import sender
 
-from pipeline.kafka.clients import CONCURRENT_TXN_RETRY_S, transactional_producer, worker_consumer
 from pipeline.kafka.partitioner import KeyPartitioner, murmur2, owner_partition
+from pipeline.worker.clients import CONCURRENT_TXN_RETRY_S, transactional_producer, worker_consumer
 from pipeline.worker.settings import WorkerSettings
 
 

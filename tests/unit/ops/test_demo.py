@@ -12,7 +12,7 @@ import pytest
 from pipeline import topology
 from pipeline.errors import PipelineError
 from pipeline.ops.demo import Counts, plan, summary
-from pipeline.ops.up import Up, UpSettings
+from pipeline.stack.up import Up, UpSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.errors import ConfigError
 from pipeline.ingress.server import IngressSettings
 from pipeline.kafka.settings import DEFAULT_BOOTSTRAP
+from pipeline.options import INGRESS_OPTIONS, WORKER_OPTIONS, Option
 from pipeline.worker.settings import WORKER_DEFAULTS, WorkerSettings
 
 REQUIRED: dict[str, Any] = {"bootstrap": "kafka:9092", "topology": Path("t.toml"), "state_dir": Path("state")}

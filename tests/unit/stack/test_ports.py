@@ -1,4 +1,4 @@
-"""``pipeline up``'s port checks (pipeline/ops/ports.py): every port, before anything starts."""
+"""``pipeline up``'s port checks (pipeline/stack/ports.py): every port, before anything starts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.ops.local_broker import LocalBroker
-from pipeline.ops.ports import refuse_busy_ports
+from pipeline.stack.local_broker import LocalBroker
+from pipeline.stack.ports import refuse_busy_ports
 
 
 def _free_port() -> int:

@@ -6,7 +6,7 @@ import socket
 from collections.abc import Iterable
 
 from pipeline.errors import PipelineError
-from pipeline.ops.local_broker import LocalBroker, controller_port
+from pipeline.stack.local_broker import LocalBroker, controller_port
 
 
 def busy_port(ports: Iterable[int], host: str = "127.0.0.1") -> int | None:

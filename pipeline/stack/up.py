@@ -31,11 +31,11 @@ from pipeline.credentials import source_secrets
 from pipeline.errors import PipelineError
 from pipeline.ingress.server import Ingress, IngressSettings
 from pipeline.kafka.admin import ensure_topics, topic_specs
-from pipeline.ops.local_broker import LocalBroker
-from pipeline.ops.ports import free_port, refuse_busy_ports
 from pipeline.ops.sign import DEFAULT_URL, curl_note
 from pipeline.providers.signing import sign
 from pipeline.service import Service
+from pipeline.stack.local_broker import LocalBroker
+from pipeline.stack.ports import free_port, refuse_busy_ports
 from pipeline.topology import DEFAULT_TOPOLOGY, Topology, Verify
 from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings

@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from pipeline.ops.up import Up
+    from pipeline.stack.up import Up
 
 FORCED_EXIT = 130
 
