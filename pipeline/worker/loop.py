@@ -143,7 +143,10 @@ class Worker:
         except KafkaError as exc:
             raise BrokerUnavailableError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
         group = io.group(consumer)
-        producer = await self._start_producer()
+        try:
+            producer = await self._start_producer()
+        except KafkaError as exc:
+            raise BrokerUnavailableError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
         txn = Transaction(
             producer,
             group=group.metadata,

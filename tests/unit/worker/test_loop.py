@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
 from pipeline.cli import services
-from pipeline.errors import PartitionUnservedError
+from pipeline.errors import BrokerUnavailableError, PartitionUnservedError
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
@@ -523,3 +523,14 @@ async def test_records_fetched_while_a_new_producer_cannot_start_are_handled_onc
     )
     assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 4)
     await w.stop()
+
+
+async def test_a_producer_that_cannot_start_at_start_is_the_broker_unavailable(tmp_path: Path) -> None:
+    """The broker goes away between the consumer's start and the producer's: the worker's start fails with
+    BrokerUnavailableError (one line; a supervisor starts it again), not aiokafka's error (seed 483)."""
+    io, clients = fake_io(consumer=FakeConsumer())
+    clients.producers.prepare = lambda p: p.fail["start"].append(KafkaConnectionError("unable to bootstrap"))
+    worker = Worker(settings(tmp_path), TOPOLOGY, io=io)
+    with pytest.raises(BrokerUnavailableError, match="cannot reach Kafka"):
+        await worker.start()
+    assert clients.consumer.stopped
