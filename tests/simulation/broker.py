@@ -295,6 +295,9 @@ class Broker:
         self.down = False
         self.outages = 0  # how many times it went down (a connection belongs to one of these lives)
         self.marker_delay = (0.0005, 0.02)
+        # after the group's offsets, each partition's marker lands up to this much later, as on a cluster
+        # where the transaction coordinator's WriteTxnMarkers reach the partitions' leaders one by one
+        self.marker_spread = (0.0, 0.05)
         self._scan: asyncio.TimerHandle | None = None
         self.injected: list[tuple[str, str, str]] = []  # (fault, detail, transactional id): answered once
         self.storm_until = 0.0  # until then every AddPartitionsToTxn kills its producer's sender
@@ -556,23 +559,45 @@ class Broker:
         self.later(delay, self._complete, txn, commit, txn.epoch)
 
     def _complete(self, txn: Txn, commit: bool, epoch: int) -> None:
+        """The group's offsets first (the group coordinator's marker), then each partition's marker, one by
+        one: a reader of the offsets may find the data partitions' transaction still open for a moment."""
         if self.down:  # markers are written once the broker is back
             self.later(0.5, self._complete, txn, commit, epoch)
             return
-        kind = COMMIT if commit else ABORT
-        now_ms = self.now_ms()
-        for topic, partition in sorted(txn.partitions):
-            log = self.log(topic, partition)
-            if log is not None:
-                log.append_marker(txn.pid, epoch, kind, now_ms)
         for group_id in sorted(txn.groups):
             group = self.group(group_id)
             offsets = group.pending_offsets.pop(txn.pid, {})
             if commit:
                 group.committed.update(offsets)
-        txn.state = "complete_commit" if commit else "complete_abort"
-        txn.partitions = set()
         txn.groups = set()
+        pending = sorted(txn.partitions)
+        txn.partitions = set()
+        if not pending:
+            txn.state = "complete_commit" if commit else "complete_abort"
+            return
+        left = [len(pending)]
+        for topic, partition in pending:
+            self.later(
+                self.rng.uniform(*self.marker_spread),
+                self._mark,
+                txn,
+                commit,
+                epoch,
+                (topic, partition),
+                left,
+            )
+
+    def _mark(self, txn: Txn, commit: bool, epoch: int, where: tuple[str, int], left: list[int]) -> None:
+        """One partition's marker; the transaction is complete once the last has landed."""
+        if self.down:
+            self.later(0.5, self._mark, txn, commit, epoch, where, left)
+            return
+        log = self.log(*where)
+        if log is not None:
+            log.append_marker(txn.pid, epoch, COMMIT if commit else ABORT, self.now_ms())
+        left[0] -= 1
+        if left[0] == 0:
+            txn.state = "complete_commit" if commit else "complete_abort"
 
     def _abort_timed_out(self) -> None:
         self._scan = self.later(TXN_ABORT_SCAN_S, self._abort_timed_out)
