@@ -81,6 +81,9 @@ FOUND = {
     3024: "a store closed while its failed restore waited to retry stayed locked",
     5874: "a leader without the input topic's metadata assigned nothing, and the group served nothing for minutes",
     10397: "with every output refused for its size, each record was bisected alone from a full batch: a crawl",
+    242: "records fetched while no producer could start were dropped: a partition stood still (issue 36)",
+    331: "a partition left at a bisecting limit with no records starved its worker's others (issue 36)",
+    483: "a producer that could not start at the worker's start exited with aiokafka's error (issue 36)",
 }
 
 
