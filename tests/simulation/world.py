@@ -289,6 +289,10 @@ class World:
                             self.problems.append(problem)
 
     def note(self, line: str) -> None:
+        # a worker's transactional id hashes its (temporary) state dir: the trace names it by its slot
+        for slot in self.slots:
+            if slot.worker is not None and slot.worker.transactional_id in line:
+                line = line.replace(slot.worker.transactional_id, f"<{slot.name}'s transactional id>")
         self.trace.append(f"{self.loop.time():9.3f} {line}")
 
     # -- running ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ what the store holds, where the consumer is sent back to, and which state the ta
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,22 +60,6 @@ GROUP = "webhooks"  # the default topology's app name: the default group
 TP0 = tp(0)
 K = keys_for(0, 12)  # keys owned by input partition 0: never rerouted
 Opener = Callable[..., Awaitable[Harness]]
-
-
-@pytest.fixture
-def open_partition(tmp_path: Path) -> Iterator[Opener]:
-    """Open partition 0's task for real (store in tmp_path) over a FakeProducer's transaction and an empty changelog."""
-    opened: list[Harness] = []
-
-    async def make(*, limits: dict[str, int] | None = None, **overrides: Any) -> Harness:
-        harness = Harness(tmp_path, overrides, limits)
-        await harness.open(0)
-        opened.append(harness)
-        return harness
-
-    yield make
-    for harness in opened:
-        harness.close()
 
 
 async def _open(h: Harness, task: ActiveTask) -> None:

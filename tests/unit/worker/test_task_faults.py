@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -28,22 +27,6 @@ S = PartitionState
 K = keys_for(0, 12)
 TP0 = tp(0)
 Opener = Callable[..., Awaitable[Harness]]
-
-
-@pytest.fixture
-def open_partition(tmp_path: Path) -> Iterator[Opener]:
-    """Open partition 0's task for real (store in tmp_path) over a FakeProducer's transaction."""
-    opened: list[Harness] = []
-
-    async def make(**overrides: Any) -> Harness:
-        harness = Harness(tmp_path, overrides)
-        await harness.open(0)
-        opened.append(harness)
-        return harness
-
-    yield make
-    for harness in opened:
-        harness.close()
 
 
 async def _drive(h: Harness, batch: list[Any], *, rounds: int = 30) -> None:
