@@ -111,6 +111,7 @@ class Latency:
     max_ms: float
     achieved_rate: float
     cpu_us_per_event: float = float("nan")  # the contender's CPU from the first send to the last record seen
+    sockets: int = 0  # the contender's open sockets, the most seen in a sample each half second
 
 
 async def latency_phase(
@@ -162,7 +163,10 @@ async def latency_phase(
         cpu_before = proc.cpu_seconds()
         began = time.monotonic()
         index = 0
+        sockets, sampled = proc.sockets(), began
         while index < len(records):
+            if time.monotonic() - sampled >= 0.5:
+                sockets, sampled = max(sockets, proc.sockets()), time.monotonic()
             due = min(len(records), int((time.monotonic() - began) * rate) + 1)
             while index < due:
                 key, value = records[index]
@@ -206,6 +210,7 @@ async def latency_phase(
         max_ms=values[-1] if values else float("nan"),
         achieved_rate=len(records) / produced_in if produced_in > 0 else float("nan"),
         cpu_us_per_event=cpu_used / len(records) * 1e6 if records else float("nan"),
+        sockets=sockets,
     )
 
 

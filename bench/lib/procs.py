@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import re
 import signal
@@ -59,6 +60,16 @@ class Proc:
     def cpu_seconds(self) -> float:
         """utime + stime of the process (all its threads)."""
         return pid_cpu_seconds(self.pid)
+
+    def sockets(self) -> int:
+        """Open socket descriptors of the process (TCP and Unix), counted in /proc/<pid>/fd."""
+        count = 0
+        with contextlib.suppress(OSError):  # the process is gone: nothing open
+            for fd in Path(f"/proc/{self.pid}/fd").iterdir():
+                with contextlib.suppress(OSError):  # closed since the listing
+                    if str(fd.readlink()).startswith("socket:"):
+                        count += 1
+        return count
 
     def status_kib(self, field_name: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
