@@ -32,7 +32,9 @@ Per contender, one run over its own input topic (the backlog is produced before 
    read_committed reader times each first copy's command: p50/p99, the
    contender's CPU per event over the phase (its CPU seconds divided by the
    records sent) and its open sockets (socket descriptors in /proc/<pid>/fd,
-   the most seen in a sample each half second);
+   the most seen in a sample each half second); for a JVM the notes under the
+   table give the share of the drain's and of this phase's CPU that went to its
+   JIT compiler threads (a fresh JVM compiles while it is measured);
 4. correctness: a read_committed scan of the output counts the commands per
    key: duplicates (commands beyond one per unique key) and missing keys (no
    command). The passthrough does not dedupe: its expectation is one output
@@ -755,6 +757,21 @@ class Bench:
                     f"startup {d.startup_seconds:.1f}s, drain {d.seconds:.1f}s, process {d.cpu_seconds / d.seconds:.0%} "
                     f"of a CPU, broker {d.broker_cpu_per_100k:.1f} CPU s/100k, all CPUs {d.machine_busy:.0%} busy"
                 )
+            jit = [
+                f"{share:.0%} of the {phase}'s CPU"
+                for share, phase in (
+                    (
+                        r.drain.jit_cpu_seconds / r.drain.cpu_seconds
+                        if r.drain and r.drain.cpu_seconds
+                        else 0.0,
+                        "drain",
+                    ),
+                    (r.latency.jit_cpu_share if r.latency else 0.0, "latency phase"),
+                )
+                if share > 0
+            ]
+            if jit:
+                parts.append("JIT compiler threads " + " and ".join(jit))
             if r.store_cpu_per_100k == r.store_cpu_per_100k:
                 parts.append(
                     f"store server {r.store_cpu_per_100k:.1f} CPU s/100k, {r.store_rss_mib:.0f} MiB RSS at the end"
