@@ -12,6 +12,8 @@ each a subprocess of its own so that its RSS and CPU can be read in /proc:
 * ``worker``: ``python -m pipeline worker``, exactly once;
 * ``faust-alo`` / ``faust-eos``: ``faust_app.py``, an agent and a RocksDB Table, at_least_once / exactly_once;
 * ``quix-eos``: ``quix_app.py``, a quixstreams Application with RocksDB state, exactly-once;
+* ``kstreams``: ``kstreams/``, a Kafka Streams app (Java, built with Maven by ``kstreams.py``):
+  exactly_once_v2, one stream thread, a persistent RocksDB window store holding the TTL;
 * ``redis``: ``claim.py``, aiokafka + Redis ``SET NX EX`` claims (a redis-server started here);
 * ``postgres``: ``claim.py``, aiokafka + ``INSERT ... ON CONFLICT DO NOTHING`` (``scripts/postgres.sh``).
 
@@ -27,18 +29,24 @@ Per contender, one run over its own input topic (the backlog is produced before 
    group and state and drains the rest (a restart that makes no progress for
    ``--stall-seconds`` is restarted once more, and reported);
 3. latency: caught up, records are produced at a fixed moderate rate and a
-   read_committed reader times each first copy's command: p50/p99;
+   read_committed reader times each first copy's command: p50/p99, the
+   contender's CPU per event over the phase (its CPU seconds divided by the
+   records sent) and its open sockets (socket descriptors in /proc/<pid>/fd,
+   the most seen in a sample each half second); for a JVM the notes under the
+   table give the share of the drain's and of this phase's CPU that went to its
+   JIT compiler threads (a fresh JVM compiles while it is measured);
 4. correctness: a read_committed scan of the output counts the commands per
    key: duplicates (commands beyond one per unique key) and missing keys (no
    command). The passthrough does not dedupe: its expectation is one output
    per input record instead.
 
-Faust, quix and the passthrough commit on one interval (``--commit-interval-ms``,
+Faust, quix, Kafka Streams and the passthrough commit on one interval (``--commit-interval-ms``,
 default 100 ms; ``--quix-commit-interval-ms`` sets quix's alone, whose own default is
 5 s); the worker runs with its own defaults (a caught-up partition commits at once;
 under load at 1 s or 10,000 records; ``--worker-commit-interval-ms`` and
 ``--max-batch`` set them); the claimers commit after every batch. All have a 10 s
-session timeout and read read_committed. The SIGKILL lands up to two of the
+session timeout and read read_committed. The table gives each contender's
+throughput as a ratio to the passthrough's and to quix's of the same run. The SIGKILL lands up to two of the
 contender's commit intervals after the measured point, anywhere in its commit cycle. It prints one table and the machine; all processes, the Redis
 and PostgreSQL servers and the topics are removed at the end (also on Ctrl-C
 or SIGTERM). Logs stay in ``--work-dir``.
@@ -72,6 +80,7 @@ import redis  # noqa: E402
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from aiokafka.errors import KafkaError  # noqa: E402
 
+from bench.alternatives import kstreams  # noqa: E402
 from bench.lib import broker, phases, report, topology_file, workload  # noqa: E402
 from bench.lib import procs as processes  # noqa: E402
 from pipeline import topology  # noqa: E402
@@ -80,13 +89,23 @@ from pipeline.worker.settings import WORKER_DEFAULTS  # noqa: E402
 
 ROOT = HERE.parents[1]
 say = report.say
-CONTENDERS = ("passthrough", "worker", "faust-alo", "faust-eos", "quix-eos", "redis", "postgres")
+CONTENDERS = (
+    "passthrough",
+    "worker",
+    "faust-alo",
+    "faust-eos",
+    "quix-eos",
+    "kstreams",
+    "redis",
+    "postgres",
+)
 LABELS = {
     "passthrough": "passthrough (aiokafka, no state, at least once)",
     "worker": "worker (this project, exactly once)",
     "faust-alo": "faust-streaming RocksDB table, at_least_once",
     "faust-eos": "faust-streaming RocksDB table, exactly_once",
     "quix-eos": "quixstreams RocksDB state, exactly-once",
+    "kstreams": "Kafka Streams RocksDB window store, exactly_once_v2",
     "redis": "aiokafka + Redis SET NX EX",
     "postgres": "aiokafka + PostgreSQL ON CONFLICT DO NOTHING",
 }
@@ -265,6 +284,7 @@ class Bench:
         self.stream: workload.Stream | None = None
         self.latency_stream: workload.Stream | None = None
         self.hw_consumer: AIOKafkaConsumer | None = None
+        self.kstreams_classpath: str | None = None
 
     # -- processes ------------------------------------------------------------------------------------------
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.Proc:
@@ -333,6 +353,16 @@ class Bench:
             argv = [py, str(HERE / "quix_app.py"), *common, "--state-dir", str(state)]
             quix_ms = commit_ms if args.quix_commit_interval_ms is None else args.quix_commit_interval_ms
             return [*argv, "--commit-interval", str(quix_ms / 1000)], None
+        if name == "kstreams":
+            return kstreams.argv(
+                self.kstreams_classpath or kstreams.build(),
+                bootstrap=args.bootstrap,
+                input_topic=input_topic,
+                output=output,
+                group=group,
+                state=state,
+                commit_ms=commit_ms,
+            ), None
         store = self.stores[-1]
         kind = "redis" if name == "redis" else "pg"
         return [py, str(HERE / "claim.py"), "--store", kind, "--url", store.url, *common], None
@@ -362,6 +392,8 @@ class Bench:
         name = row.name
         app = f"{self.run_id}-{name}"
         input_topic = f"{app}.raw"
+        if name == "kstreams":  # before the backlog: a failed build costs nothing more
+            self.kstreams_classpath = self.kstreams_classpath or kstreams.build()
         await self.broker.create([TopicSpec(input_topic, args.partitions)])
         await broker.produce_backlog(
             args.bootstrap, input_topic, args.partitions, stream.records(), len(stream), f"{name} backlog"
@@ -452,7 +484,7 @@ class Bench:
             say(
                 f"  {name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms "
                 f"({lat.seen:,}/{lat.firsts:,} seen, sent at {lat.achieved_rate:,.0f}/s); "
-                f"CPU {lat.cpu_us_per_event:.0f} µs per event meanwhile"
+                f"CPU {lat.cpu_us_per_event:.0f} µs per event and {lat.sockets} open sockets meanwhile"
             )
             total += len(self.latency_stream)
             await phases.drain(proc, handled, total, timeout=120, label=f"{name} (catching up)")
@@ -657,13 +689,20 @@ class Bench:
 
     def print_table(self, info: dict[str, str], seconds: float) -> None:
         args = self.args
-        base = next((r for r in self.rows if r.name == "passthrough" and r.drain), None)
+        rate_of = {r.name: r.drain.rate for r in self.rows if r.drain}
+
+        def times(d: phases.Drain | None, base: str) -> str:
+            return f"{d.rate / rate_of[base]:.2f}" if d and base in rate_of else "-"
+
         header = (
             "contender",
             "events/s",
-            "ratio",
+            "vs passthrough",
+            "vs quix",
             "p50 ms",
             "p99 ms",
+            "CPU µs/event at rate",
+            "sockets",
             "RSS MiB",
             "CPU s/100k",
             "dup after kill",
@@ -672,22 +711,23 @@ class Bench:
         rows = []
         for r in self.rows:
             d, lat, c = r.drain, r.latency, r.crash
-            ratio = d.rate / base.drain.rate if d and base and base.drain else float("nan")
             finished = c if c is not None and c.outputs > 0 else None
             rows.append(
                 (
                     r.label + (" (FAILED)" if r.error else ""),
                     f"{d.rate:,.0f}" if d else "-",
-                    f"{ratio:.2f}" if d else "-",
+                    times(d, "passthrough"),
+                    times(d, "quix-eos"),
                     f"{lat.p50_ms:,.0f}" if lat else "-",
                     f"{lat.p99_ms:,.0f}" if lat else "-",
+                    f"{lat.cpu_us_per_event:,.0f}" if lat else "-",
+                    f"{lat.sockets}" if lat else "-",
                     f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib == r.peak_rss_mib else "-",
                     f"{d.cpu_per_100k:.1f}" if d else "-",
                     f"{finished.duplicates:,}" if finished else "-",
                     f"{finished.missing:,}" if finished else "-",
                 )
             )
-        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
         print()
         print(
             f"Alternatives: {args.events:,} events ({args.dup_ratio:.0%} duplicates, 1-2 KB bodies), "
@@ -698,13 +738,11 @@ class Bench:
                 if args.quix_commit_interval_ms is not None
                 else ""
             )
-            + f", latency at {args.latency_rate:,.0f} events/s for {args.latency_seconds:g}s; run took {seconds / 60:.1f} min"
+            + f", latency at {args.latency_rate:,.0f} events/s for {args.latency_seconds:g}s"
+            + " (CPU µs/event and open sockets of the contender's process over that phase)"
+            + f"; run took {seconds / 60:.1f} min"
         )
-        print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
-        print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        for row in rows:
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-            print("| " + " | ".join(cells) + " |")
+        report.print_markdown(header, rows)
         print()
         print(
             f"machine: {info['nproc']} CPUs ({info['cpu']}), {info['ram']} RAM, Python {info['python']}, "
@@ -719,6 +757,21 @@ class Bench:
                     f"startup {d.startup_seconds:.1f}s, drain {d.seconds:.1f}s, process {d.cpu_seconds / d.seconds:.0%} "
                     f"of a CPU, broker {d.broker_cpu_per_100k:.1f} CPU s/100k, all CPUs {d.machine_busy:.0%} busy"
                 )
+            jit = [
+                f"{share:.0%} of the {phase}'s CPU"
+                for share, phase in (
+                    (
+                        r.drain.jit_cpu_seconds / r.drain.cpu_seconds
+                        if r.drain and r.drain.cpu_seconds
+                        else 0.0,
+                        "drain",
+                    ),
+                    (r.latency.jit_cpu_share if r.latency else 0.0, "latency phase"),
+                )
+                if share > 0
+            ]
+            if jit:
+                parts.append("JIT compiler threads " + " and ".join(jit))
             if r.store_cpu_per_100k == r.store_cpu_per_100k:
                 parts.append(
                     f"store server {r.store_cpu_per_100k:.1f} CPU s/100k, {r.store_rss_mib:.0f} MiB RSS at the end"
@@ -760,6 +813,7 @@ def alternative_versions() -> str:
             found.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             found.append(f"{name} ?")
+    found.append(kstreams.versions())
     for argv in (["redis-server", "--version"],):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout

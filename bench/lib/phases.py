@@ -30,6 +30,7 @@ class Drain:
     cpu_seconds: float  # CPU of the process between the two observations
     broker_cpu_seconds: float = float("nan")  # CPU of the local broker over the same span
     machine_busy: float = float("nan")  # share of all CPUs busy over the same span (anything running)
+    jit_cpu_seconds: float = 0.0  # of cpu_seconds, what a JVM's JIT compiler threads used
 
     @property
     def rate(self) -> float:
@@ -44,12 +45,12 @@ class Drain:
         return self.broker_cpu_seconds / self.events * 100_000 if self.events else float("nan")
 
 
-def _sample(proc: Proc, broker_pid: int | None) -> tuple[float, float, tuple[int, int]]:
+def _sample(proc: Proc, broker_pid: int | None) -> tuple[float, float, tuple[int, int], float]:
     broker = float("nan")
     if broker_pid is not None:
         with contextlib.suppress(OSError):
             broker = pid_cpu_seconds(broker_pid)
-    return proc.cpu_seconds(), broker, machine_busy_jiffies()
+    return proc.cpu_seconds(), broker, machine_busy_jiffies(), proc.jit_cpu_seconds()
 
 
 async def drain(
@@ -62,7 +63,7 @@ async def drain(
     broker_pid: int | None = None,
 ) -> Drain:
     """Poll ``handled()`` until it reaches ``target``; time the part after the first progress."""
-    first: tuple[float, int, tuple[float, float, tuple[int, int]]] | None = None
+    first: tuple[float, int, tuple[float, float, tuple[int, int], float]] | None = None
     start_sample = _sample(proc, broker_pid)
     began = proc.started
     last_report = time.monotonic()
@@ -89,7 +90,7 @@ async def drain(
         await asyncio.sleep(0.1)
     if first is None or first[1] >= target:  # everything within one poll: time it from the start instead
         first = (began, 0, start_sample)
-    (cpu0, broker0, (busy0, total0)), (cpu1, broker1, (busy1, total1)) = first[2], sample
+    (cpu0, broker0, (busy0, total0), jit0), (cpu1, broker1, (busy1, total1), jit1) = first[2], sample
     return Drain(
         events=target - first[1],
         seconds=now - first[0],
@@ -98,6 +99,7 @@ async def drain(
         cpu_seconds=cpu1 - cpu0,
         broker_cpu_seconds=broker1 - broker0,
         machine_busy=(busy1 - busy0) / max(total1 - total0, 1),
+        jit_cpu_seconds=jit1 - jit0,
     )
 
 
@@ -111,6 +113,8 @@ class Latency:
     max_ms: float
     achieved_rate: float
     cpu_us_per_event: float = float("nan")  # the contender's CPU from the first send to the last record seen
+    sockets: int = 0  # the contender's open sockets, the most seen in a sample each half second
+    jit_cpu_share: float = 0.0  # of that CPU, the share a JVM's JIT compiler threads used
 
 
 async def latency_phase(
@@ -159,10 +163,13 @@ async def latency_phase(
         reader = asyncio.create_task(read())
         futures: list[asyncio.Future[Any]] = []
         records = list(stream.records())
-        cpu_before = proc.cpu_seconds()
+        cpu_before, jit_before = proc.cpu_seconds(), proc.jit_cpu_seconds()
         began = time.monotonic()
         index = 0
+        sockets, sampled = proc.sockets(), began
         while index < len(records):
+            if time.monotonic() - sampled >= 0.5:
+                sockets, sampled = max(sockets, proc.sockets()), time.monotonic()
             due = min(len(records), int((time.monotonic() - began) * rate) + 1)
             while index < due:
                 key, value = records[index]
@@ -188,6 +195,7 @@ async def latency_phase(
             proc.check()
             await asyncio.sleep(0.1)
         cpu_used = proc.cpu_seconds() - cpu_before
+        jit_used = proc.jit_cpu_seconds() - jit_before
         stop_reading.set()
         await reader
     finally:
@@ -206,6 +214,8 @@ async def latency_phase(
         max_ms=values[-1] if values else float("nan"),
         achieved_rate=len(records) / produced_in if produced_in > 0 else float("nan"),
         cpu_us_per_event=cpu_used / len(records) * 1e6 if records else float("nan"),
+        sockets=sockets,
+        jit_cpu_share=jit_used / cpu_used if cpu_used > 0 else 0.0,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.lib.report import BenchError, pid_cpu_seconds, say
+from bench.lib.report import BenchError, pid_cpu_seconds, say, stat_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,6 +23,10 @@ PASSTHROUGH = Path(__file__).resolve().parents[1] / "passthrough.py"
 
 
 _LIVE: list[subprocess.Popen[bytes]] = []
+
+
+#: HotSpot's JIT compiler threads, by their name in /proc (cut at 15 characters)
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
 @atexit.register
@@ -59,6 +64,26 @@ class Proc:
     def cpu_seconds(self) -> float:
         """utime + stime of the process (all its threads)."""
         return pid_cpu_seconds(self.pid)
+
+    def jit_cpu_seconds(self) -> float:
+        """utime + stime of the JVM's JIT compiler threads so far (0 for a process without them)."""
+        total = 0.0
+        with contextlib.suppress(OSError):  # the process is gone
+            for task in Path(f"/proc/{self.pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError):  # the thread is gone
+                    if (task / "comm").read_text().startswith(JIT_THREADS):
+                        total += stat_cpu_seconds(task / "stat")
+        return total
+
+    def sockets(self) -> int:
+        """Open socket descriptors of the process (TCP and Unix), counted in /proc/<pid>/fd."""
+        count = 0
+        with contextlib.suppress(OSError):  # the process is gone: nothing open
+            for fd in Path(f"/proc/{self.pid}/fd").iterdir():
+                with contextlib.suppress(OSError):  # closed since the listing
+                    if str(fd.readlink()).startswith("socket:"):
+                        count += 1
+        return count
 
     def status_kib(self, field_name: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

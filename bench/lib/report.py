@@ -94,7 +94,12 @@ def find_broker_pid(bootstrap: str) -> int | None:
 
 def pid_cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` (all its threads)."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """utime + stime from a /proc ``stat`` file: a process's (``/proc/<pid>/stat``) or a thread's (``task/<tid>/stat``)."""
+    raw = stat.read_text()
     fields = raw[raw.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
