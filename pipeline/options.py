@@ -77,8 +77,13 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker("max_batch", "input records after which a transaction commits"),
     _worker(
         "commit_policy",
-        "caught-up: commit a partition as soon as it reached the end of its log (low latency); "
-        "interval: only every commit interval or max batch (fewer, larger transactions)",
+        "caught-up: commit as soon as every partition in the transaction reached the end of its log "
+        "(low latency); interval: only every commit interval or max batch (fewer, larger transactions)",
+    ),
+    _worker(
+        "commit_linger",
+        "seconds a caught-up transaction waits for more records before it commits (fewer transactions "
+        "at a steady low rate, at most this much more latency)",
     ),
     _worker("restore_progress_every", "seconds between two restore progress lines"),
     _worker("session_timeout_ms", "how long a silent (crashed, stopped) worker keeps its partitions"),

@@ -287,6 +287,9 @@ class Worker:
                 if not await self._replace_producer():
                     return
         wait = poll_ms(executor.eligible(table.tasks), commit_interval=self.settings.commit_interval)
+        due_in = executor.due_in(table.tasks)
+        if due_in is not None:  # a fetch never outwaits the open transaction's commit
+            wait = max(min(wait, int(due_in * 1000)), 0)
         hurry = self._stopping.is_set() or table.failure is not None
         batches = await self._fetch.next(consumer, wait, hurry=hurry)
         async with self._lock:

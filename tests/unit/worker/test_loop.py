@@ -534,3 +534,25 @@ async def test_a_producer_that_cannot_start_at_start_is_the_broker_unavailable(t
     with pytest.raises(BrokerUnavailableError, match="cannot reach Kafka"):
         await worker.start()
     assert clients.consumer.stopped
+
+
+async def test_a_caught_up_transaction_lingers_for_more_records_then_commits_without_a_fetch_outwaiting_it(
+    start_worker: Starter,
+) -> None:
+    """--commit-linger 0.3: records handled and caught up are committed 0.3 s after the transaction opened, with
+    what came meanwhile, in one transaction; the loop's fetch (up to 2 s here) never delays that commit."""
+    w = await start_worker(
+        assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0, commit_linger=0.3
+    )
+    w.run()
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    w.consumer.max_wait_ms = 10_000  # an empty fetch waits its whole timeout
+    began = time.monotonic()
+    w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 4)[:2]))
+    await asyncio.sleep(0.1)
+    w.consumer.logs[TP0].extend(records(0, 2, keys_for(0, 4)[2:]))
+    await eventually(lambda: w.producer.offsets != [], timeout=2.0, what="the commit")
+    took = time.monotonic() - began
+    assert w.producer.offsets == [(TP0, 4, GROUP)]  # one transaction, all four records
+    assert 0.3 <= took < 0.9
+    await w.stop()
