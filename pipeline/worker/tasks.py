@@ -38,14 +38,12 @@ from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.io import GroupLink, WorkerIO
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.observe import forget_partition
+from pipeline.worker.opening import OPEN_ERRORS, retry
 from pipeline.worker.pacing import caught_up
 from pipeline.worker.standbys import StandbyReplicas
 from pipeline.worker.task import ActiveTask
 
 log = logging.getLogger(__name__)
-
-COMMITTED_RETRY_S = 1.0  # between attempts to read a partition's committed offset
-
 
 def _order(tp: TopicPartition) -> tuple[str, int]:
     return (tp.topic, tp.partition)
@@ -145,8 +143,9 @@ class TaskTable:
         """
         tp = task.tp
         deadline = time.monotonic() + self.settings.open_timeout
+        lock_wait = self.settings.store_lock_wait
         try:
-            await self._fence_legacy(task)
+            await retry(lambda: self._fence_legacy(task), deadline, f"{task.name}: fence", lock_wait)
             committed = await self._committed(task, deadline)
             await task.open(self.txn, deadline)
             if not self._still_ours(task):
@@ -170,33 +169,35 @@ class TaskTable:
             task.close()
             if self.tasks.get(tp) is task:
                 self.fail(exc)
+        except OPEN_ERRORS as exc:  # a step's retries ran out: never an opening that ends unnoticed
+            task.close()
+            if self.tasks.get(tp) is task:
+                self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc}"))
         finally:
             if self.opening.get(tp) is asyncio.current_task():
                 del self.opening[tp]
 
     async def _fence_legacy(self, task: ActiveTask) -> None:
-        """Abort and fence what a worker of an older version (one producer per partition) holds open."""
+        """Abort and fence what a worker of an older version (one producer per partition) holds open; a
+        broker away raises (retried); a refusal retrying cannot change (authorization) is logged and passed."""
         app, group = self.context.topology.app, self.settings.group
         txn_id = legacy_transactional_id(app, group, task.tp.topic, task.tp.partition)
         try:
             await self.io.fence(self.txn.producer.client, txn_id)
         except KafkaError as exc:
-            log.warning("%s: could not fence %s yet (%r); going on", task.name, txn_id, exc)
+            if exc.retriable:
+                raise
+            log.warning("%s: cannot fence %s (%r); going on", task.name, txn_id, exc)
 
     async def _committed(self, task: ActiveTask, deadline: float) -> int | None:
         """The group's committed offset of the task's partition, read stable, retried until ``deadline``."""
-        while True:
-            try:
-                found = await self.group.committed([task.tp])
-            except KafkaError as exc:
-                if time.monotonic() > deadline:
-                    raise PartitionUnservedError(
-                        f"partition {task.name}: cannot read its offset: {exc}"
-                    ) from exc
-                log.warning("%s: cannot read its committed offset yet (%r); retrying", task.name, exc)
-                await asyncio.sleep(COMMITTED_RETRY_S)
-            else:
-                return found.get(task.tp)
+        found: dict[TopicPartition, int | None] = {}
+
+        async def read() -> None:
+            found.update(await self.group.committed([task.tp]))
+
+        await retry(read, deadline, f"{task.name}: committed offset", self.settings.store_lock_wait)
+        return found.get(task.tp)
 
     def _still_ours(self, task: ActiveTask) -> bool:
         return self.tasks.get(task.tp) is task and self._assigned(task.tp)

@@ -84,6 +84,7 @@ FOUND = {
     242: "records fetched while no producer could start were dropped: a partition stood still (issue 36)",
     331: "a partition left at a bisecting limit with no records starved its worker's others (issue 36)",
     483: "a producer that could not start at the worker's start exited with aiokafka's error (issue 36)",
+    5842: "an opening whose fence timed out in an outage died unnoticed: the partition stayed unserved (issue 36)",
 }
 
 

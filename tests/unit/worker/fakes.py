@@ -561,10 +561,13 @@ class FakeGroup:
         self.member_id = "member-1"
         self.rejoins = 0
         self.reads: list[list[TopicPartition]] = []
+        self.refusals: list[BaseException] = []  # raised by the next reads, one each
 
     async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         wanted = list(partitions)
         self.reads.append(wanted)
+        if self.refusals:
+            raise self.refusals.pop(0)
         return {tp: self.consumer.committed_offsets.get(tp) for tp in wanted}
 
     async def member(self) -> bool | None:
@@ -589,6 +592,7 @@ class Clients:
     consumer: FakeConsumer = field(default_factory=FakeConsumer)
     groups: list[FakeGroup] = field(default_factory=list)
     fenced: list[str] = field(default_factory=list)  # transactional ids fenced without a producer
+    fence_refusals: list[BaseException] = field(default_factory=list)  # raised by the next fences, one each
 
     @property
     def group(self) -> FakeGroup:
@@ -620,6 +624,8 @@ def fake_io(
         return made
 
     async def fence(_client: Any, transactional_id: str) -> None:
+        if clients.fence_refusals:
+            raise clients.fence_refusals.pop(0)
         clients.fenced.append(transactional_id)
 
     async def topic_layout(_bootstrap: str, _topology: Any) -> TopicLayout:

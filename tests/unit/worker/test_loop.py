@@ -19,10 +19,11 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
 from pipeline.cli import services
-from pipeline.errors import BrokerUnavailableError, PartitionUnservedError
+from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, UnstableOffsetsError
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import opening as opening_module
 from pipeline.worker.lifecycle import PartitionState
 from pipeline.worker.loop import Worker
 from pipeline.worker.pacing import poll_ms
@@ -556,3 +557,32 @@ async def test_a_caught_up_transaction_lingers_for_more_records_then_commits_wit
     assert w.producer.offsets == [(TP0, 4, GROUP)]  # one transaction, all four records
     assert 0.3 <= took < 0.9
     await w.stop()
+
+
+async def test_a_partition_whose_old_id_cannot_be_fenced_yet_opens_once_the_broker_answers(
+    start_worker: Starter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker is away when a partition opens (the old per-partition id's fence times out): the step is
+    retried, the partition opens, and the old id is fenced (seed 5842: the opening died silently and the
+    partition stayed unserved until the worker gave up)."""
+    monkeypatch.setattr(opening_module, "BACKOFF_FIRST", 0.01)
+    w = await start_worker(assign=set(), logs=_logs(2))
+    w.clients.fence_refusals.append(BrokerUnavailableError("cannot fence: the broker is away"))
+    w.consumer.to_assign = {TP0}
+    w.run()
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving, what="served")
+    assert w.clients.fenced == [f"{TOPOLOGY.app}-{GROUP}-{INPUT}-0"]
+    await w.stop()
+
+
+async def test_a_committed_offset_that_stays_unreadable_stops_the_worker_with_one_line(
+    tmp_path: Path,
+) -> None:
+    """A transaction keeps holding a partition's offsets past --open-timeout: the worker stops with one line naming
+    the partition, never idles with the partition unserved."""
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}))
+    worker = Worker(settings(tmp_path, open_timeout=0.3), TOPOLOGY, io=io)
+    await worker.start()
+    clients.group.refusals.extend(UnstableOffsetsError("held by a pending transaction") for _ in range(100))
+    with pytest.raises(PartitionUnservedError, match=f"partition {INPUT}-0 cannot be served"):
+        await asyncio.wait_for(worker.run(), 10)
