@@ -28,7 +28,7 @@ from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.directory import StateDirLock
 from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.transaction import Transaction
-from pipeline.topology import CHANGELOG_MARGIN, Topology
+from pipeline.topology import Topology
 from pipeline.worker import http as worker_http
 from pipeline.worker.classify import Classifier
 from pipeline.worker.clients import worker_transactional_id
@@ -40,7 +40,6 @@ from pipeline.worker.health import STOPPED, Health, partition_health
 from pipeline.worker.io import WorkerIO, kafka_io
 from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.observe import observe_lag, observe_store, warn_if_behind
 from pipeline.worker.pacing import poll_ms
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
@@ -49,7 +48,6 @@ from pipeline.worker.tasks import TaskTable
 
 log = logging.getLogger(__name__)
 
-MARGIN_MS = int(CHANGELOG_MARGIN.total_seconds() * 1000)  # how far the changelog outlasts the largest TTL
 FENCES_ALLOWED, FENCE_WINDOW_S = 5, 60.0  # producer fences in a row, within a window, before the worker stops
 PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
 
@@ -299,9 +297,8 @@ class Worker:
             table.mark_caught_up(batches)
             if executor.due(table.tasks):
                 await self._settle(await executor.commit(table.tasks))
-                self._observe()
-            for task in table.tasks.values():
-                task.idle()
+                table.observe()
+            table.mark_idle()
             table.reap()
             table.watch()
             table.standbys.observe()
@@ -345,14 +342,6 @@ class Worker:
         self._producer_wanted = False
         log.info("a new producer started with transactional id %s", self.transactional_id)
         return True
-
-    def _observe(self) -> None:
-        consumer, table = self._require(self._consumer), self._require(self._table)
-        for task in table.tasks.values():
-            if task.serving and task.store is not None:
-                observe_lag(self.metrics, consumer, task)
-                task.disk_measured_at = observe_store(self.metrics, task, task.disk_measured_at)
-                task.behind_warned_at = warn_if_behind(task, MARGIN_MS, task.behind_warned_at)
 
     # -- stop ----------------------------------------------------------------------------
     async def _shutdown(self, *, commit: bool) -> None:

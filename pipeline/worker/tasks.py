@@ -31,19 +31,23 @@ from aiokafka.errors import KafkaError
 from pipeline.errors import PartitionUnservedError, PipelineError
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import Transaction
+from pipeline.topology import CHANGELOG_MARGIN
 from pipeline.worker.clients import legacy_transactional_id
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.executor import Outcome
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.io import GroupLink, WorkerIO
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.observe import forget_partition
+from pipeline.worker.observe import forget_partition, observe_lag, observe_store, warn_if_behind
 from pipeline.worker.opening import OPEN_ERRORS, retry
 from pipeline.worker.pacing import caught_up
 from pipeline.worker.standbys import StandbyReplicas
 from pipeline.worker.task import ActiveTask
 
 log = logging.getLogger(__name__)
+
+MARGIN_MS = int(CHANGELOG_MARGIN.total_seconds() * 1000)  # how far the changelog outlasts the largest TTL
+
 
 def _order(tp: TopicPartition) -> tuple[str, int]:
     return (tp.topic, tp.partition)
@@ -260,6 +264,19 @@ class TaskTable:
             elif not full and task.paused:
                 task.paused = False
                 self.consumer.resume(tp)
+
+    def mark_idle(self) -> None:
+        """A task with nothing to do counts as making progress (it is never stuck)."""
+        for task in self.tasks.values():
+            task.idle()
+
+    def observe(self) -> None:
+        """The serving tasks' gauges after a commit: lag, store keys and bytes, stream time behind the clock."""
+        for task in self.tasks.values():
+            if task.serving and task.store is not None:
+                observe_lag(self.metrics, self.consumer, task)
+                task.disk_measured_at = observe_store(self.metrics, task, task.disk_measured_at)
+                task.behind_warned_at = warn_if_behind(task, MARGIN_MS, task.behind_warned_at)
 
     # -- upkeep ----------------------------------------------------------------------------
     def reap(self) -> None:
