@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from pipeline.errors import InvalidHeaderError
-from pipeline.headers import HTTP_PREFIX, RECEIVED_AT_HEADER, SOURCE_HEADER
+from pipeline.headers import HTTP_PREFIX, RECEIVED_AT_HEADER, REPLAYED_FROM_HEADER, SOURCE_HEADER
 
 Headers = Sequence[tuple[str, bytes | None]]  # a consumer may hand over a header without a value
 
@@ -301,3 +301,16 @@ def parse_json_object(body: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def replayed_from(delivery: Delivery) -> dict[str, str]:
+    """``{"replayed_from": <header>}`` for a record ``pipeline dlq replay`` produced, else empty.
+
+    A scan of the raw header names (exact, as the replay writes it) first: the decoded
+    header mapping costs, and only replayed records need it.
+    """
+    for name, _ in delivery.raw_headers:
+        if name == REPLAYED_FROM_HEADER:
+            value = delivery.headers.get(REPLAYED_FROM_HEADER)
+            return {} if value is None else {"replayed_from": value}
+    return {}

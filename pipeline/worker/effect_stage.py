@@ -24,7 +24,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object
+from pipeline.contract import BAD_TIMESTAMP, Delivery, parse_json_object, replayed_from
 from pipeline.errors import RecordTooLargeError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.log_text import escape
@@ -128,7 +128,7 @@ class EffectStage:
                 error=error,
                 key=effect_key,
                 source=source if isinstance(source, str) else None,
-                extra={"stage": "effect"},
+                extra={"stage": "effect", **replayed_from(delivery)},
             )
             self.recorder.outcome(None, f"effect-{Outcome.INVALID.value}")
             return
@@ -163,7 +163,7 @@ class EffectStage:
                 error=error,
                 key=effect_key,
                 source=str(source),
-                extra={"stage": "effect"},
+                extra={"stage": "effect", **replayed_from(delivery)},
             )
             return
         txn.stage(key, entry, decision.previous)
@@ -184,6 +184,7 @@ class EffectStage:
                 "stage": "effect",
                 "event_key": _text(command.get("key")),
                 "command": _text(command.get("command")),
+                **replayed_from(delivery),
             },
             key_bytes=key,
             received_at=received_at if _sane_int(received_at) else delivery.timestamp,
@@ -213,7 +214,7 @@ class EffectStage:
             outcome=Outcome.REROUTED.value,
             first_seen_at=None,
             source=shown,
-            extra={"stage": "effect", "to_partition": partition},
+            extra={"stage": "effect", "to_partition": partition, **replayed_from(delivery)},
         )
         log.info(
             "%s effect_key=%s offset=%s rerouted to partition %s",

@@ -22,9 +22,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from pipeline.contract import BAD_TIMESTAMP, DEFAULT_COMMAND, Delivery, command_value
+from pipeline.contract import BAD_TIMESTAMP, DEFAULT_COMMAND, Delivery, command_value, replayed_from
 from pipeline.errors import RecordTooLargeError
-from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.kafka.partitioner import key_hash
 from pipeline.log_text import escape
 from pipeline.state.decision import Entry, Outcome, decide, fingerprint_like, volatile_pattern
@@ -81,19 +81,6 @@ class _Rule:
 ROUTE_CACHE_SIZE = 4096
 SKEW_LOG_EVERY_S = 60.0  # at most one line a minute about records dated too far ahead
 _FIRST, _CONFLICT = Outcome.FIRST, Outcome.CONFLICT  # compared for every record
-
-
-def replayed_from(delivery: Delivery) -> dict[str, str]:
-    """``{"replayed_from": <header>}`` for a record ``pipeline dlq replay`` produced, else empty.
-
-    A scan of the raw header names (exact, as the replay writes it) first: the decoded
-    header mapping costs, and only replayed records need it.
-    """
-    for name, _ in delivery.raw_headers:
-        if name == REPLAYED_FROM_HEADER:
-            value = delivery.headers.get(REPLAYED_FROM_HEADER)
-            return {} if value is None else {"replayed_from": value}
-    return {}
 
 
 class EventStage:

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.contract import BAD_TIMESTAMP, Delivery
+from pipeline.contract import BAD_TIMESTAMP, Delivery, replayed_from
 from pipeline.dead_letter import dlq_value
 from pipeline.errors import ConfigError, InvalidRecordError
 from pipeline.headers import REPLAYED_FROM_HEADER
@@ -26,7 +26,6 @@ from pipeline.records.dlq import (
     records_of,
 )
 from pipeline.worker.emitter import MAX_DLQ_KEY_BYTES
-from pipeline.worker.event_stage import replayed_from
 from pipeline.worker.poison import UNPRODUCIBLE
 from pipeline.worker.stage import HandlerFailedError
 

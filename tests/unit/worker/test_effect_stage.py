@@ -10,7 +10,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from pipeline import topology as topology_module
-from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
+from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.state.store import PartitionStore
 from pipeline.worker.classify import Classifier
@@ -80,6 +80,30 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
     audit = {s.json()["offset"]: s.json()["outcome"] for s in producer.committed_to(TOPICS.audit)}
     assert audit == {5: "first", 6: "rerouted"}
     assert store.get_many([theirs.encode()]) == {}  # never claimed here
+
+
+async def test_a_redriven_effect_record_is_audited_with_where_it_was_redriven_from(
+    store: PartitionStore,
+) -> None:
+    """An effect-stage record `pipeline dlq replay` sent back carries `replayed-from`; its audit record names it, as
+    the first stage's do (the console follows a redrive's outcome by it)."""
+    names = [*TOPOLOGY.command_topics(), TOPICS.effects, TOPICS.effects_changelog, TOPICS.audit, TOPICS.dlq]
+    outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), dict.fromkeys(names, 1 << 22))
+    producer = FakeProducer("effects-0")
+    txn = part_transaction(
+        producer,
+        TopicPartition(TOPICS.effects, 0),
+        store=store,
+        changelog=TopicPartition(TOPICS.effects_changelog, 0),
+        limits=outputs.limits,
+    )
+    stage = EffectStage(tp=TopicPartition(TOPICS.effects, 0), topology=TOPOLOGY, txn=txn, outputs=outputs)
+    redriven = _effect_record(5, _key_on(0), partition=0)
+    redriven.headers.append((REPLAYED_FROM_HEADER, b"shop.dlq:0:7"))  # type: ignore[attr-defined]
+    await stage.handle([redriven], {})
+    await txn.txn.commit()
+    [audit] = [s.json() for s in producer.committed_to(TOPICS.audit)]
+    assert (audit["outcome"], audit["replayed_from"]) == ("first", "shop.dlq:0:7")
 
 
 def _payment_key_on(partition: int, start: int) -> str:
