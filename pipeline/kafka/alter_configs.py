@@ -90,7 +90,7 @@ async def set_topic_configs(admin: AIOKafkaAdminClient, topics: Mapping[str, Map
     """Set ``topics``' configs with IncrementalAlterConfigs; PipelineError naming a refused topic."""
     if not topics:
         return
-    # the public client has no such call: sent as its own calls send theirs (pipeline/kafka/internals.py)
+    # the public client has no such call: sent as its own calls send theirs (pipeline/kafka/internals/)
     response: Any = await admin_request(admin, IncrementalAlterConfigsRequest(topics))
     refused = [
         f"{name}: error {code} {message or ''}".strip()

@@ -1,4 +1,4 @@
-"""What pipeline/kafka/internals.py relies on inside aiokafka 0.14: each test fails when aiokafka changes it."""
+"""What pipeline/kafka/internals/ relies on inside aiokafka 0.14: each test fails when aiokafka changes it."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.errors import GroupGenerationFencedError, PipelineError
 from pipeline.kafka import internals
+from pipeline.kafka.internals import group_offsets
 from pipeline.kafka.requests import GroupMetadata, MetadataResponseV12
 
 TP = TopicPartition("t", 0)
@@ -310,7 +311,7 @@ def _v3_answer(*codes: int) -> Any:
 def _handler(producer: AIOKafkaProducer) -> Any:
     """The v3 handler the hook would build for the offsets now queued."""
     offsets, group_id = producer._txn_manager.offsets_to_commit()
-    return internals._TxnOffsetCommitV3Handler(producer._sender, offsets, group_id)
+    return group_offsets._TxnOffsetCommitV3Handler(producer._sender, offsets, group_id)
 
 
 async def test_the_hook_is_this_producers_own_and_aiokafkas_sender_looks_it_up_on_the_instance() -> None:
@@ -323,7 +324,7 @@ async def test_the_hook_is_this_producers_own_and_aiokafkas_sender_looks_it_up_o
     try:
         _in_transaction(producer)
         task = await _queued(producer, {TP: 5})
-        assert isinstance(vars(producer._sender)["_do_txn_offset_commit"], internals._GroupOffsetCommit)
+        assert isinstance(vars(producer._sender)["_do_txn_offset_commit"], group_offsets._GroupOffsetCommit)
         assert "_do_txn_offset_commit" not in vars(other._sender)
         task.cancel()
     finally:
@@ -437,7 +438,7 @@ async def test_offsets_sent_plainly_still_go_as_aiokafkas_v0() -> None:
         async def aiokafkas(offsets: Any, group_id: str) -> None:
             plain.append((dict(offsets), group_id))
 
-        hook = internals._GroupOffsetCommit(producer._sender, aiokafkas)
+        hook = group_offsets._GroupOffsetCommit(producer._sender, aiokafkas)
         await hook({TP: OffsetAndMetadata(3, "")}, "g")
         assert plain == [({TP: OffsetAndMetadata(3, "")}, "g")]
         hooked.cancel()
