@@ -139,6 +139,7 @@ class Row:
     crash: Crash | None = None
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    transactions_per_second: float = float("nan")  # the worker's commits over the latency phase
 
 
 # -- the claim stores ----------------------------------------------------------------------------------------
@@ -285,6 +286,7 @@ class Bench:
         self.latency_stream: workload.Stream | None = None
         self.hw_consumer: AIOKafkaConsumer | None = None
         self.kstreams_classpath: str | None = None
+        self.worker_metrics_port = 0
 
     # -- processes ------------------------------------------------------------------------------------------
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.Proc:
@@ -322,6 +324,7 @@ class Bench:
             return argv, None
         if name == "worker":
             topo = state.with_suffix(".toml")
+            self.worker_metrics_port = processes.free_port()
             return [
                 py,
                 "-m",
@@ -335,6 +338,8 @@ class Bench:
                 str(state),
                 "--group",
                 group,
+                "--metrics-port",
+                str(self.worker_metrics_port),
                 *processes.worker_bounds(args.worker_commit_interval_ms, args.max_batch),
             ], None
         if name.startswith("faust"):
@@ -469,6 +474,7 @@ class Bench:
         row.crash.readable_after_seconds = await blocked
         await self.wait_stable(output)  # the latency phase measures the steady state
         if self.latency_stream is not None:
+            commits_before, latency_began = await self.worker_commits(name), time.monotonic()
             row.latency = await phases.latency_phase(
                 args.bootstrap,
                 self.broker,
@@ -481,6 +487,11 @@ class Bench:
                 label=name,
             )
             lat = row.latency
+            if commits_before is not None and (commits_after := await self.worker_commits(name)) is not None:
+                row.transactions_per_second = (commits_after - commits_before) / (
+                    time.monotonic() - latency_began
+                )
+                say(f"  {name}: {row.transactions_per_second:.1f} transactions/s over the latency phase")
             say(
                 f"  {name}: latency p50 {lat.p50_ms:.0f} ms, p99 {lat.p99_ms:.0f} ms "
                 f"({lat.seen:,}/{lat.firsts:,} seen, sent at {lat.achieved_rate:,.0f}/s); "
@@ -494,6 +505,13 @@ class Bench:
         say(f"  {name} stopped (exit {code}); peak RSS {row.peak_rss_mib:.0f} MiB")
         shutil.rmtree(state, ignore_errors=True)
         await self.count_outputs(row.crash, name, output)
+
+    async def worker_commits(self, name: str) -> float | None:
+        """The worker's transactions committed so far (its /metrics), or None for another contender."""
+        if name != "worker":
+            return None
+        scraped = await asyncio.to_thread(processes.scrape_transactions, self.worker_metrics_port)
+        return scraped.get("pipeline_transaction_commit_seconds_count")
 
     async def finish_crash_pass(
         self, crash: Crash, proc: processes.Proc, handled: Any, argv: list[str], env: dict[str, str] | None
@@ -772,6 +790,8 @@ class Bench:
             ]
             if jit:
                 parts.append("JIT compiler threads " + " and ".join(jit))
+            if r.transactions_per_second == r.transactions_per_second:
+                parts.append(f"{r.transactions_per_second:.1f} transactions/s at rate")
             if r.store_cpu_per_100k == r.store_cpu_per_100k:
                 parts.append(
                     f"store server {r.store_cpu_per_100k:.1f} CPU s/100k, {r.store_rss_mib:.0f} MiB RSS at the end"

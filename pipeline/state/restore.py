@@ -32,7 +32,8 @@ __all__ = ["WRITE_RECORDS", "RestoreBudget", "Restorer", "expires_at"]
 class RestoreBudget:
     """The bytes all of a worker's restores and standbys may fetch at once.
 
-    A restore holds its fetch size for its whole run; a standby holds it for one
+    A restore with records to fetch holds its fetch size for its whole replay (a store level
+    with its changelog holds none); a standby holds it for one
     fetch at a time, and only while no restore waits (``urgent=False``): a
     partition waiting to be served never waits behind a standby.
     """
@@ -117,13 +118,13 @@ class Restorer:
         cannot be reached, and :class:`StoreStaleError` when the store is ahead of the changelog.
         """
         try:
+            reader = await self.reader()
+            end = await reader.log_end(changelog)
+            if _level(store, changelog, end):  # the budget is for fetches: a level store holds none of it
+                if remaining is not None:
+                    remaining.set(0)
+                return 0
             async with self.budget.hold(self.fetch_bytes):
-                reader = await self.reader()
-                end = await reader.log_end(changelog)
-                if _level(store, changelog, end):
-                    if remaining is not None:
-                        remaining.set(0)
-                    return 0
                 replay = Replay(store, reader, changelog, prefetch=True)
                 applied = await replay.run(end, progress_every=progress_every, remaining=remaining)
         except KafkaError as exc:

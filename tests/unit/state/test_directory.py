@@ -171,6 +171,20 @@ async def test_restores_share_a_budget_in_bytes() -> None:
     assert peak == 2
 
 
+async def test_a_level_store_restores_without_waiting_for_the_budget(tmp_path: Path) -> None:
+    """A store already level with its changelog's end needs no fetch: its restore ends while every byte of
+    the budget is held by others (48 partitions reopened after a clean handover do not queue two by two)."""
+    store = directory.open_store(tmp_path / "s", bucket_ms=HOUR, identity=OURS)
+    try:
+        budget = RestoreBudget(64)
+        restorer = Restorer(lambda: _reader_ending_at(0), budget, fetch_bytes=64)
+        async with budget.hold(64):
+            assert await asyncio.wait_for(restorer.restore(store, CHANGELOG), 1) == 0
+        assert store.checked
+    finally:
+        store.close()
+
+
 async def test_a_fetch_larger_than_the_whole_budget_still_runs_alone() -> None:
     """A restore whose fetch size exceeds the budget holds all of it rather than waiting forever."""
     budget = RestoreBudget(64)
