@@ -107,8 +107,10 @@ class Restorer:
         *,
         progress_every: float = 5.0,
         remaining: Gauge | None = None,
+        end: int | None = None,
     ) -> int:
-        """Replay ``changelog`` from the store's offset to its log end; return the records applied.
+        """Replay ``changelog`` from the store's offset to its log end (``end`` when already read by
+        :meth:`end_of`); return the records applied.
 
         The end is the high watermark, not the last stable offset: a transaction still open on the
         changelog (the previous owner's, its markers on their way, or a zombie's that its next
@@ -119,7 +121,8 @@ class Restorer:
         """
         try:
             reader = await self.reader()
-            end = await reader.log_end(changelog)
+            if end is None:
+                end = await reader.log_end(changelog)
             if _level(store, changelog, end):  # the budget is for fetches: a level store holds none of it
                 if remaining is not None:
                     remaining.set(0)
@@ -133,6 +136,19 @@ class Restorer:
         if remaining is not None:
             remaining.set(0)
         return applied
+
+    async def end_of(self, store: PartitionStore, changelog: TopicPartition) -> int:
+        """``changelog``'s log end, checked against the store's position (a restore replays up to it).
+
+        Raises :class:`StoreStaleError` when the store is ahead of the changelog, and
+        :class:`BrokerUnavailableError` when the broker cannot be reached.
+        """
+        try:
+            end = await (await self.reader()).log_end(changelog)
+        except KafkaError as exc:
+            raise BrokerUnavailableError(f"restore {changelog}: {exc!r}") from exc
+        _level(store, changelog, end)
+        return end
 
     async def catch_up(self, store: PartitionStore, changelog: TopicPartition) -> tuple[int, int]:
         """One round of a standby: replay ``changelog`` from the store's offset to the end it has now

@@ -122,13 +122,13 @@ class ActiveTask:
 
     async def _open_store(self) -> None:
         if self.store is None:  # restored first: written, not read, until READY
-            self.store = self.context.open_store_of(self.tp, self.identity, follow=True)
+            self.store = self.context.open_store_of(self.tp, self.identity, follow=False)
 
     async def _restore(self) -> None:
         """Replay the changelog into the store (opened to follow it), then open the store to be served."""
         store = self._held()
-        if store.closed:  # reopening it to be served failed on an earlier attempt
-            store = self.store = self.context.open_store_of(self.tp, self.identity, follow=True)
+        if store.closed:  # reopening it failed on an earlier attempt
+            store = self.store = self.context.open_store_of(self.tp, self.identity, follow=False)
         restorer = self.context.require_restorer()
         applied = await restore_to_serve(
             store,

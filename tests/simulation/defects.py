@@ -142,6 +142,11 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
                 "                end = await reader.log_end(changelog)",
                 "                end = await reader.end(changelog)",
             ),
+            (
+                "state/restore.py",
+                "            end = await (await self.reader()).log_end(changelog)",
+                "            end = await (await self.reader()).end(changelog)",
+            ),
         ],
     ),
 }

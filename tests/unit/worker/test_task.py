@@ -8,6 +8,7 @@ what the store holds, where the consumer is sent back to, and which state the ta
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -164,6 +165,27 @@ async def test_open_restores_and_is_ready(open_partition: Opener) -> None:
     assert h.task().stage is not None
     assert h.reader.entered == [TopicPartition(TOPICS.changelog, 0)]  # its changelog's end was read
     assert h.producer.calls == []
+
+
+async def test_opening_a_level_store_opens_it_once_to_be_served(tmp_path: Path) -> None:
+    """A store level with its changelog is opened once, served: no RocksDB open to follow and a second to
+    serve (each holds the event loop; a rebalance of 48 partitions paid 96 opens)."""
+    opened: list[bool] = []
+
+    def counting(
+        path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
+    ) -> PartitionStore:
+        opened.append(follow)
+        return PartitionStore.open(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+    h = Harness(tmp_path)
+    h.context = dataclasses.replace(h.context, open_store=counting)  # the worker's one opener of stores
+    try:
+        await h.open(0)
+        assert opened == [False]
+        assert h.task().serving
+    finally:
+        h.close()
 
 
 async def test_a_batch_commits_commands_for_new_keys_audit_for_every_record_and_changelog_for_staged_keys(
