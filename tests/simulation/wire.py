@@ -52,6 +52,8 @@ REQUESTS = (
     transaction.EndTxnRequest,
     transaction.TxnOffsetCommitRequest,
     admin_protocol.DescribeConfigsRequest,
+    admin_protocol.DescribeGroupsRequest,
+    admin_protocol.CreatePartitionsRequest,
 )
 VERSIONS: dict[int, tuple[int, int]] = {
     r.API_KEY: (r._CLASSES[-1].API_VERSION, r._CLASSES[-1].API_VERSION) for r in REQUESTS
@@ -282,6 +284,14 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
         return _txn_offset_commit(broker, req)
     if key == admin_protocol.DescribeConfigsRequest.API_KEY:
         return _describe_configs(broker, req)
+    if key == admin_protocol.DescribeGroupsRequest.API_KEY:
+        return _describe_groups(broker, req)
+    if key == admin_protocol.CreatePartitionsRequest.API_KEY:
+        errors = [
+            (topic, broker.create_partitions(topic, count), None)
+            for topic, (count, _) in req.topic_partitions
+        ]
+        return req.RESPONSE_TYPE(0, errors)
     raise NotImplementedError(f"the simulated broker has no handler for {type(req).__name__}")
 
 
@@ -473,6 +483,19 @@ async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any
     return req.RESPONSE_TYPE(
         0, 0, result["generation"], result["protocol"], result["leader"], result["member_id"], members
     )
+
+
+def _describe_groups(broker: b.Broker, req: Any) -> Any:
+    groups: list[tuple[Any, ...]] = []
+    for group_id in req.groups:
+        state, protocol_type, protocol, members = broker.describe_group(group_id)
+        rows = [(m.member_id, m.client_id, "/sim", b"", m.assignment) for m in members]
+        groups.append((0, group_id, state, protocol_type, protocol, rows, -2147483648))
+    if req.API_VERSION < 3:
+        groups = [row[:-1] for row in groups]
+    if req.API_VERSION == 0:
+        return req.RESPONSE_TYPE(groups)
+    return req.RESPONSE_TYPE(0, groups)
 
 
 def _describe_configs(broker: b.Broker, req: Any) -> Any:
