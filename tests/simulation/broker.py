@@ -78,7 +78,9 @@ GROUP_AUTHORIZATION_FAILED = 30
 NO_LIMIT = 2**63 - 1
 DEFAULT_TXN_TIMEOUT_S = 60.0
 TXN_ABORT_SCAN_S = 10.0  # transaction.abort.timed.out.transaction.cleanup.interval.ms
-RETENTION_CHECK_S = 30.0  # log.retention.check.interval.ms (Kafka's default is 5 minutes)
+RETENTION_CHECK_S = (
+    5.0  # log.retention.check.interval.ms (Kafka's default is 5 minutes; scripts/test's broker 2 s)
+)
 LOG_APPEND_TIME = "LogAppendTime"
 
 

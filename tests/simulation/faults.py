@@ -30,6 +30,8 @@ KINDS = (
 STORM = (
     "fatal-storm"  # for a while every transaction's producer dies: partitions break and reopen over and over
 )
+RESCALE = "rescale"  # every worker stopped, ``pipeline rescale`` to ``target`` partitions, started again
+RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers run (``detail`` says which)
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made

@@ -23,7 +23,7 @@ from tests.simulation import broker as b
 from tests.simulation import wire
 from tests.simulation.faults import Fault
 from tests.simulation.loop import Process
-from tests.simulation.redrive import SIZE
+from tests.simulation.redrive import COMMAND_LIMIT, SIZE
 from tests.simulation.scenario import GROUP
 
 if TYPE_CHECKING:
@@ -277,4 +277,8 @@ class Operators:
             for name in world.topology.command_topics():
                 config = world.broker.topics[name].config
                 config.max_message_bytes = max(config.max_message_bytes, b.TopicConfig().max_message_bytes)
+        elif fault.detail == "limits-down":  # the workers learn it from the broker's refusals
+            for name in world.topology.command_topics():
+                world.broker.topics[name].config.max_message_bytes = COMMAND_LIMIT
+                world.broker.topics[name].reconfigured = True
         world.note(f"reconfigure: {fault.detail}")

@@ -104,12 +104,29 @@ def check(broker: Broker, facts: Facts) -> Verdict:
         if not commands.get(key):
             verdict.fail(f"{key}: no command, though its cause was fixed and the last replay exited 0")
     outcomes = Counter(a.value.get("outcome", "?") for a in audits.values())
+    replayed = Counter(
+        name
+        for name in consumed
+        for _p, r in _records(broker, name)
+        if r.header(REPLAYED_FROM_HEADER) is not None
+    )
     verdict.counts = {
         "input": len(_records(broker, facts.input)),
         "commands": sum(commands.values()),
         "dlq": len(_records(broker, facts.dlq)),
+        "dlq-effect": sum(
+            1
+            for _p, r in _records(broker, facts.dlq)
+            if facts.effects and facts.effects.encode() in r.value[:300]
+        ),
+        "replayed": replayed[facts.input],
+        "replayed-effect": replayed[facts.effects] if facts.effects else 0,
         "keys": len({d.effect_key or d.event_key for d in facts.deliveries if d.poison is None}),
         **{f"audit-{k}": n for k, n in outcomes.items()},
+        **{
+            f"window-{k}": event.judged.get(k, 0) + effect.judged.get(k, 0)
+            for k in ("new", "renewed", "kept", "either")
+        },
     }
     return verdict
 

@@ -6,9 +6,12 @@ Two causes the world can fix while the workers run, as an operator would:
 - ``source``: records of a source the topology lacks (``acme``, keyed ``acme:<id>``) go to the
   DLQ as ``unknown-source``; the fix adds the source to the topology and restarts the workers
   one by one;
-- ``size``: the command topics take records of 1,200 bytes at most, so commands of large
-  bodies go to the DLQ as ``too-large`` (their keys unclaimed); the fix raises the limit and
-  restarts the workers (they read the limits at start).
+- ``size``: the command topic takes records of 1,200 bytes at most, so commands of large
+  bodies go to the DLQ as ``too-large`` (their keys unclaimed); while the workers run the
+  other command topics (the effect routes') drop to that limit too, so the broker refuses
+  the effect stage's large commands and they go to the DLQ as ``unproducible`` from the
+  effect stage (a replay sends them back to the effects topic); the fix raises every limit
+  and restarts the workers (they read the limits at start).
 
 Then ``pipeline dlq replay --reason ...`` runs, the real code (``pipeline/ops/dlq.py``) as a
 process in the world over the simulated network: sometimes before the fix (the records go
@@ -26,7 +29,7 @@ from random import Random
 import orjson
 
 from pipeline.kafka.partitioner import owner_partition
-from tests.simulation.faults import Fault
+from tests.simulation.faults import RECONFIGURE, Fault
 from tests.simulation.workload import PLAIN_EVENT, SIM_ID, Delivery, Workload
 
 REPLAY = "replay"  # a dlq replay run: target = runs at once, duration = SIGKILL after (0: none), detail when
@@ -62,6 +65,8 @@ def draw(rng: Random, *, duration: float, small_dlq: bool) -> tuple[RedrivePlan,
         causes = (SOURCE,)
     fix_at = rng.uniform(0.3, 0.8) * duration
     steps = [Fault(fix_at, FIX)]
+    if SIZE in causes:  # the other command topics too, while the workers run: they learn it from refusals
+        steps.append(Fault(rng.uniform(0.05, 0.9) * fix_at, RECONFIGURE, detail="limits-down"))
     if rng.random() < 0.3:
         steps.append(Fault(rng.uniform(0.1, 1.0) * fix_at, REPLAY, 1, detail="before the fix"))
     for _ in range(rng.choice((1, 1, 2))):

@@ -10,7 +10,7 @@ from typing import Any
 from tests.simulation import faults as fault_module
 from tests.simulation import redrive as redrive_module
 from tests.simulation import timeline
-from tests.simulation.faults import Fault
+from tests.simulation.faults import RECONFIGURE, RESCALE, Fault
 from tests.simulation.mixes import MIXES, Mix
 from tests.simulation.redrive import FIXED_SOURCE, RedrivePlan
 from tests.simulation.timeline import TimePlan
@@ -18,9 +18,7 @@ from tests.simulation.workload import Workload, more_poison
 from tests.simulation.workload import draw as draw_workload
 
 APP, GROUP = "sim", "sim"
-RESCALE = "rescale"  # every worker stopped, ``pipeline rescale`` to ``target`` partitions, started again
-RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers run (``detail`` says which)
-RECONFIGURATIONS = ("log-append-time", "create-time", "limits-up")
+RECONFIGURATIONS = ("log-append-time", "create-time", "limits-up", "limits-down")
 
 
 def _apart(seed: int, area: int) -> Random:
@@ -91,9 +89,10 @@ class Scenario:
         standby_faults = fault_module.draw_standby(
             apart, window=workload.duration + 5.0, workers=workers, standbys=standbys
         )
+        more = _apart(seed, 9)
         while len(standby_faults) < mix.standby_faults_at_least:
             standby_faults += fault_module.draw_standby(
-                _apart(seed, 9), window=workload.duration + 5.0, workers=workers, standbys=standbys
+                more, window=workload.duration + 5.0, workers=workers, standbys=standbys
             )
         faults = sorted(faults + standby_faults, key=lambda f: f.at)
         older = frozenset({"w0"}) if workers > 1 and apart.random() < 0.2 else frozenset()
@@ -140,6 +139,7 @@ class Scenario:
             self.small_limits
             or any(f.kind == "refuse-outputs" for f in self.faults)
             or (self.redrive is not None and redrive_module.SIZE in self.redrive.causes)
+            or any(f.kind == RECONFIGURE and f.detail == "limits-down" for f in self.faults)
         )
 
     def describe(self) -> str:

@@ -81,6 +81,9 @@ class Windows:
     claims: dict[str, Claim] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     firsts: dict[str, int] = field(default_factory=dict)  # first outcomes per key
+    judged: dict[str, int] = field(
+        default_factory=dict
+    )  # copies by what rule 5 allowed: new, renewed, kept, either
 
     def bounds(self, copy: Copy) -> tuple[int, int]:
         """Rule 1: the least and greatest time ``copy`` can have been decided at."""
@@ -104,6 +107,16 @@ class Windows:
         e_lo, e_hi = self.bounds(copy)
         claim = self.claims.get(copy.key)
         allowed = self.expected(copy, stream, claim, e_lo, e_hi)
+        kind = (
+            "either"
+            if len(allowed) > 1
+            else "kept"
+            if FIRST not in allowed
+            else "new"
+            if claim is None
+            else "renewed"
+        )
+        self.judged[kind] = self.judged.get(kind, 0) + 1
         outcome = "duplicate" if copy.outcome in DUPLICATE_LIKE else copy.outcome
         if outcome not in allowed:
             self._wrong(copy, stream, claim, e_lo, e_hi)

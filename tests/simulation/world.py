@@ -38,16 +38,16 @@ from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
 from tests.simulation import oracle, redrive, timeline, wire
-from tests.simulation.faults import DiskFaults, Fault, SimStore
+from tests.simulation.faults import RECONFIGURE, RESCALE, DiskFaults, Fault, SimStore
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
-from tests.simulation.scenario import APP, GROUP, RECONFIGURE, RESCALE, Scenario
+from tests.simulation.scenario import APP, GROUP, Scenario
 
 SETTLE_LIMIT_S = 900.0  # after the schedule, the longest the workers may take to catch up
 STOP_LIMIT_S = 60.0  # the longest a worker may take to stop when asked
 RESTART_BACKOFF_S = 1.0
-CHANGELOG_SEGMENT_BYTES = 8192  # small segments, so that retention has whole segments to delete
+CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
 
 
 @dataclass
@@ -391,7 +391,7 @@ class World:
             if (
                 scenario.redrive is not None
                 and redrive.SIZE in scenario.redrive.causes
-                and spec.name in self.topology.command_topics()
+                and spec.name == self.topology.topics.commands
             ):
                 config.max_message_bytes = min(config.max_message_bytes, redrive.COMMAND_LIMIT)
             self.broker.create_topic(spec.name, spec.partitions, config)
