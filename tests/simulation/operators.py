@@ -95,7 +95,14 @@ class Operators:
     async def replays(self, fault: Fault) -> None:
         """``fault.target`` replay runs at once, each SIGKILLed after ``fault.duration`` seconds if that is set."""
         runs = [self._replay() for _ in range(max(fault.target, 1))]
+        if fault.steps:  # the broker goes away as the first run begins to read the DLQ
+            self.world.network.on_fetch = (runs[0][1], lambda: self._cut(float(fault.steps)))
         await asyncio.gather(*(self._watch(run, fault.duration) for run in runs))
+
+    def _cut(self, seconds: float) -> None:
+        world = self.world
+        world.note(f"the broker goes away for {seconds:.0f}s as a replay begins to read")
+        world.loop.spawn(None, world.outage(seconds), "outage")
 
     async def last_replay(self) -> None:
         """The replay an operator runs once everything is over: again until it exits 0."""

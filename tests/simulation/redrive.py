@@ -23,7 +23,7 @@ the records redriven are hours older than their TTL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from random import Random
 
 import orjson
@@ -32,7 +32,10 @@ from pipeline.kafka.partitioner import owner_partition
 from tests.simulation.faults import RECONFIGURE, Fault
 from tests.simulation.workload import PLAIN_EVENT, SIM_ID, Delivery, Workload
 
-REPLAY = "replay"  # a dlq replay run: target = runs at once, duration = SIGKILL after (0: none), detail when
+REPLAY = (
+    "replay"  # dlq replay runs: target = how many at once, duration = SIGKILL after (0: none), detail when,
+)
+# steps = seconds the broker goes away for as the (first) run sends its first fetch (0: it does not)
 FIX = "fix"  # the causes fixed: the topology given the source, the command topics' limit raised, workers restarted
 SOURCE, SIZE = "source", "size"
 FIXED_SOURCE = "acme"
@@ -58,7 +61,8 @@ class RedrivePlan:
 
 def draw(rng: Random, *, duration: float, small_dlq: bool) -> tuple[RedrivePlan, list[Fault]]:
     """A redrive plan for a schedule of ``duration`` seconds, with its fix, replay runs and the broker outages
-    that begin while half of the runs go (some longer than a replay waits). With a ``small_dlq`` (4 KiB) the
+    that begin while half of the runs go (some longer than a replay waits): most just as the run begins to
+    read the DLQ, the others a moment after it began. With a ``small_dlq`` (4 KiB) the
     large bodies would be truncated in the DLQ, which no replay can rebuild: no size cause then."""
     causes = rng.choice(((SOURCE,), (SIZE,), (SOURCE, SIZE)))
     if small_dlq:
@@ -73,10 +77,13 @@ def draw(rng: Random, *, duration: float, small_dlq: bool) -> tuple[RedrivePlan,
         at = fix_at + rng.uniform(1.0, 15.0)
         kill = rng.uniform(0.1, 2.0) if rng.random() < 0.2 else 0.0
         steps.append(Fault(at, REPLAY, 2 if rng.random() < 0.5 else 1, kill, detail="after the fix"))
-    for run in [f for f in steps if f.kind == REPLAY]:
-        if rng.random() < 0.5:
-            long = rng.random() < 0.25
-            length = rng.uniform(61.0, 95.0) if long else rng.uniform(0.5, 12.0)
+    for n, run in enumerate(steps):
+        if run.kind != REPLAY or rng.random() >= 0.5:
+            continue
+        length = rng.uniform(61.0, 95.0) if rng.random() < 0.25 else rng.uniform(0.5, 12.0)
+        if rng.random() < 0.6:  # as it has read its end offsets and begins to read
+            steps[n] = replace(run, steps=int(length))
+        else:
             steps.append(Fault(run.at + rng.uniform(0.0, 1.5), "outage", 0, length))
     return RedrivePlan(causes), steps
 

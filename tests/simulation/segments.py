@@ -5,10 +5,13 @@ Kafka keeps a partition as segments, rolls a new one when the active one is full
 whole segments, never the active one, once a segment's largest timestamp is more than
 ``retention.ms`` behind the broker's clock; the log start offset then moves to the next
 segment's first offset. A record's timestamp is what its producer stamped, or the append
-time on a topic with ``message.timestamp.type=LogAppendTime``: so a changelog record
-stamped with an old time is deleted at once, whatever the claim it holds. The model
-deletes only below the last stable offset (what a read_committed reader has decided), and
-does not compact.
+time on a topic with ``message.timestamp.type=LogAppendTime``; a transaction marker's is the
+broker's clock when it is written, and it counts in its segment's largest timestamp as any
+batch does (Kafka writes markers with the current time). So in a transactional changelog a
+segment is as young as its last marker, whatever its records were stamped with; only once
+the log cleaner has removed the markers (``delete.retention.ms`` after their transaction)
+would old stamps on the records decide. The model deletes only below the last stable
+offset (what a read_committed reader has decided), and does not compact.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ nothing ever expires. A time plan makes expiry happen, cheaply:
   record timestamps start hours to two days behind the wall clock and catch up with it by the
   end of the schedule, so seconds of virtual time are hours of stream time; record timestamps
   are fixed by the workload, and a few keys get copies exactly at their TTL and a millisecond
-  either side of it;
+  either side of it; or record time stays that far behind (a backlog days old worked through
+  at its own pace: the changelog's retention runs on the broker's clock meanwhile);
 - *every worker down for longer than a bucket, its grace and the TTL*, SIGTERMed or
   SIGKILLed, while records keep coming (the records of a stretch of the schedule are spread
   over the downtime, and some keys are delivered again during it): the workers come back to
@@ -43,6 +44,7 @@ class TimePlan:
     ttl_h: int  # the sources' TTL, hours
     effect_ttl_h: int  # the effect routes' TTL, hours
     span_ms: int  # how far behind the wall clock record time starts (0: record time is the wall clock)
+    steady: bool  # record time stays ``span_ms`` behind (a backlog days old worked through at its own pace)
     boundary: bool  # copies of a few keys at their TTL exactly, and a millisecond either side
     downtime: Fault | None
     jumps: tuple[Fault, ...]
@@ -55,7 +57,8 @@ class TimePlan:
     def describe(self) -> str:
         parts = [f"TTL {self.ttl_h}h (effects {self.effect_ttl_h}h)"]
         if self.span_ms:
-            parts.append(f"record time from {self.span_ms / HOUR_MS:.1f}h behind the clock")
+            how = "steadily" if self.steady else "from"
+            parts.append(f"record time {how} {self.span_ms / HOUR_MS:.1f}h behind the clock")
         if self.boundary:
             parts.append("copies at the TTL boundary")
         if self.log_append_time:
@@ -92,11 +95,13 @@ def draw(rng: Random, *, duration: float, workers: int) -> TimePlan:
                 detail=str(offset),
             )
         )
+    steady = span_ms > 0 and rng.random() < 0.35
     return TimePlan(
         ttl_h=ttl_h,
         effect_ttl_h=effect_ttl_h,
         span_ms=span_ms,
-        boundary=span_ms > 0 and rng.random() < 0.8,
+        steady=steady,
+        boundary=span_ms > 0 and not steady and rng.random() < 0.8,
         downtime=downtime,
         jumps=tuple(jumps),
         log_append_time=rng.random() < 0.4,
@@ -138,7 +143,7 @@ def _backfill(plan: TimePlan, load: Workload, rng: Random) -> None:
     """Record time from ``span_ms`` behind the wall clock to level with it at the end: each record stamped
     accordingly (its skew added); a few keys delivered again at their TTL exactly and a millisecond either side."""
     end = max(load.duration, 1.0)
-    rate = 1000.0 + plan.span_ms / end  # record ms per virtual second
+    rate = 1000.0 if plan.steady else 1000.0 + plan.span_ms / end  # record ms per virtual second
 
     def stamp(at: float) -> int:
         return EPOCH_MS - plan.span_ms + int(at * rate)

@@ -27,7 +27,9 @@ each partition's order, against the outcome its audit record gives:
 5. *So, for a copy of a key with a claim expiring at X*: if ``e`` is certainly ``>= X`` it
    must be ``first`` (a new window, one new command); if ``e`` is certainly ``< X`` and the
    claim certainly kept, it must be a duplicate (no second command in one window); otherwise
-   either. A key with no claim yet must be ``first``.
+   either. A key with no claim yet must be ``first``. X is the model's own (rule 3 from the
+   copy's time and the stream time): the audit's ``expires_at`` only narrows it where it agrees,
+   so a worker that claims too short is judged by the window it owed, not by the one it wrote.
 
 Fixed expiry only (the simulation's sources never slide).
 """
@@ -66,9 +68,18 @@ class Copy:
 
 @dataclass(frozen=True)
 class Claim:
-    expires_at: int
+    """A claim as the model knows it: when it expires, between ``expires_lo`` and ``expires_hi`` (one value
+    once the audit's ``expires_at`` agrees with rule 3; never the worker's word where it does not)."""
+
+    expires_lo: int
+    expires_hi: int
     first_seen: int
     where: str
+
+    @property
+    def expires_at(self) -> str:
+        lo, hi = self.expires_lo, self.expires_hi
+        return str(lo) if lo == hi else f"[{lo}, {hi}]"
 
 
 @dataclass
@@ -95,10 +106,10 @@ class Windows:
         self, copy: Copy, stream: Stream, claim: Claim | None, e_lo: int, e_hi: int
     ) -> frozenset[str]:
         """Rule 5: the outcomes ``copy`` may have ("first", "duplicate")."""
-        if claim is None or e_lo >= claim.expires_at:
+        if claim is None or e_lo >= claim.expires_hi:
             return frozenset({FIRST})
-        kept = stream.hi < (claim.expires_at // self.width + 2) * self.width
-        if e_hi < claim.expires_at and kept:
+        kept = stream.hi < self.kept_until(claim)
+        if e_hi < claim.expires_lo and kept:
             return frozenset({"duplicate"})
         return frozenset({FIRST, "duplicate"})
 
@@ -123,7 +134,11 @@ class Windows:
         if outcome == FIRST:
             self._first(copy, stream, e_lo, e_hi)
             return
-        if claim is not None and copy.expires_at is not None and copy.expires_at != claim.expires_at:
+        if (
+            claim is not None
+            and copy.expires_at is not None
+            and not claim.expires_lo <= copy.expires_at <= claim.expires_hi
+        ):
             self.fail(
                 f"{copy.key}: {copy.where} is a duplicate of a claim expiring at {copy.expires_at}, but the claim "
                 f"made by {claim.where} expires at {claim.expires_at}"
@@ -138,13 +153,15 @@ class Windows:
             )
         least = max(e, stream.lo if stream.exact else 0) + copy.ttl
         most = max(e, stream.hi) + copy.ttl
-        expires = copy.expires_at if copy.expires_at is not None else least
-        if not least <= expires <= most:
+        expires = copy.expires_at
+        if expires is not None and least <= expires <= most:
+            least = most = expires
+        else:
             self.fail(
                 f"{copy.key}: {copy.where} claimed until {expires}, not one TTL ({copy.ttl} ms) from "
                 f"max(its time {e}, stream time in [{stream.lo}, {stream.hi}]): [{least}, {most}] (rule 3)"
             )
-        self.claims[copy.key] = Claim(expires, e, copy.where)
+        self.claims[copy.key] = Claim(least, most, e, copy.where)
         self.firsts[copy.key] = self.firsts.get(copy.key, 0) + 1
         stream.lo, stream.hi = max(stream.lo, e), max(stream.hi, e)
 
@@ -159,13 +176,17 @@ class Windows:
             self.fail(
                 f"{copy.key}: {copy.where} ({time}) was first inside the window of the claim {claim.where} made "
                 f"(until {claim.expires_at}; stream time at most {stream.hi}, the claim's bucket kept until "
-                f"{(claim.expires_at // self.width + 2) * self.width}): a second command for one window"
+                f"{self.kept_until(claim)}): a second command for one window"
             )
             return
         self.fail(
             f"{copy.key}: {copy.where} ({time}) was {copy.outcome}, but the claim {claim.where} made had expired "
             f"(at {claim.expires_at}): a copy after its window gave no command"
         )
+
+    def kept_until(self, claim: Claim) -> int:
+        """Rule 4: the stream time before which the claim's bucket is certainly still in the store."""
+        return (claim.expires_lo // self.width + 2) * self.width
 
     def fail(self, problem: str) -> None:
         if len(self.problems) < 20:

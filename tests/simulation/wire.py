@@ -78,6 +78,9 @@ class Network:
         self.errors: list[str] = []  # the model's own failures (a bug of the simulation, not the worker)
         #: slot name -> (until, (low, high)): the standby fetches of that worker's processes crawl until then
         self.slow_standbys: dict[str, tuple[float, tuple[float, float]]] = {}
+        #: (process, callback): the first fetch that process sends calls the callback (a broker that goes away
+        #: just as a tool has read its end offsets and begins to read)
+        self.on_fetch: tuple[Any, Callable[[], None]] | None = None
         #: encode and decode every request and response, as on the wire (slower; catches a response
         #: the model builds in a shape aiokafka would not read): ``SIM_STRICT_WIRE=1``
         self.strict = os.environ.get("SIM_STRICT_WIRE") == "1"
@@ -165,6 +168,14 @@ class SimConnection:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         self.network.requests += 1
+        watched = self.network.on_fetch
+        if (
+            watched is not None
+            and watched[0] is self.process
+            and struct.API_KEY == fetch.FetchRequest.API_KEY
+        ):
+            self.network.on_fetch = None
+            watched[1]()
         delay = self.network.latency() + self.network.standby_crawl(self)
         loop = self.network.broker.loop
         loop.call_later(delay, self._arrive, struct, future, context=contextvars.Context())

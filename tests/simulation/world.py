@@ -130,6 +130,7 @@ def step_budget(scenario: Scenario) -> int:
     """The callbacks a run of ``scenario`` may take: a livelock spins past it; a long outage with many
     clients retrying is work (seed 1359: a 92 s outage, four workers with two standbys each, took 424k)."""
     outage = sum(f.duration for f in scenario.faults if f.kind == "outage")
+    outage += sum(f.steps for f in scenario.faults if f.kind == redrive.REPLAY)  # cut off as a replay reads
     return STEPS + int(STEPS_PER_OUTAGE_S * outage)
 
 
@@ -190,6 +191,13 @@ class World:
     async def restart(self, slot: Slot, process: Process, delay: float) -> None:
         """SIGTERM ``slot``'s worker and start it again ``delay`` seconds later (a rolling restart)."""
         await self._leave(slot, process, delay)
+
+    async def outage(self, seconds: float) -> None:
+        """The broker down for ``seconds`` (overlapping outages: it comes back as the first ends)."""
+        self.network.outage()
+        await asyncio.sleep(seconds)
+        self.network.recover()
+        self.note("broker back")
 
     async def _watch_ownership(self) -> None:
         """Every partition is served only where the group assigns it: once a generation has been stable a
@@ -546,10 +554,7 @@ class World:
             self.start(slot)
             return
         if kind == "outage":
-            self.network.outage()
-            await asyncio.sleep(fault.duration)
-            self.network.recover()
-            self.note("broker back")
+            await self.outage(fault.duration)
             return
         if kind == "fence":
             txn_id = self._txn_of_partition(fault.target)
