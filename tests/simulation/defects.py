@@ -1,9 +1,10 @@
 """The defects the simulation was built to find, each re-introduced into a copy of ``pipeline/``.
 
-``python -m tests.simulation.defects N [--seed S]`` copies ``pipeline/`` into a temporary
-directory, undoes fix N there (the exact change below, the code as it stood before the
-fix), and runs simulation seeds against that copy: each must fail, while the same seeds
-pass on the code as it is. ``tests/simulation/test_defects.py`` checks that for the seed
+``python -m tests.simulation.defects N [--mix M] [--seed S]`` copies ``pipeline/`` into a
+temporary directory, undoes fix N there (the exact change below, the code as it stood before
+the fix, or, for 9-15, a plausible bug of the expiry and redrive paths), and runs simulation
+seeds of mix M against that copy: each must fail, while the same seeds pass on the code as
+it is. ``tests/simulation/test_defects.py`` checks that for the seed
 ``docs/reliability.md`` records for each. A patch that no longer applies means the code it
 undoes changed: update the patch to undo the fix as the code now has it.
 """

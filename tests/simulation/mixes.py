@@ -14,6 +14,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
   once, killed or cut off by broker outages, of records older than the TTL;
+- ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
+  and topic configuration changes; not in the suite (docs/reliability.md: what rule 2 of the
+  TTL windows leaves open after a rescale);
 - ``classic``: the scenarios as drawn before these areas existed (the seeds that found holes
   before them replay under it).
 
@@ -81,6 +84,7 @@ MIXES: dict[str, Mix] = {
             standbys_at_least=0,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
+        Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
     )
 }
 

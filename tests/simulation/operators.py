@@ -64,8 +64,14 @@ class Operators:
         self.runs: list[ReplayRun] = []
         self.boundaries: list[Boundary] = []
         self.down = False  # every worker is down for hours: none starts until it is over
+        self.rescaling = False  # pipeline rescale runs: no worker starts until it is over (its procedure)
         self._count = 0
         self._alone = asyncio.Lock()  # a fix, a rescale and a downtime each stop workers: one at a time
+
+    @property
+    def holding(self) -> bool:
+        """Whether no worker may start now (a downtime, or a rescale, whose procedure is that none runs)."""
+        return self.down or self.rescaling
 
     # -- a fix, and the replays -----------------------------------------------------------
     async def fix(self) -> None:
@@ -196,7 +202,16 @@ class Operators:
 
     async def _rescale(self, fault: Fault) -> None:
         world = self.world
-        wanted = await world.stop_workers()
+        self.rescaling = True
+        try:
+            await self._rescale_stopped(fault, await world.stop_workers())
+        finally:
+            self.rescaling = False
+        for slot in world.slots:  # those stopped for it, and any that joined meanwhile
+            world.start(slot)
+
+    async def _rescale_stopped(self, fault: Fault, wanted: list[Slot]) -> None:
+        world = self.world
         await self._transactions_ended()
         group = world.broker.group(GROUP)
         consumed = [t for t in world.consumed_topics() if t in world.broker.topics]
@@ -216,7 +231,6 @@ class Operators:
             world.partitions_now = fault.target
         for slot in wanted:
             slot.wanted = True
-            world.start(slot)
 
     async def _run_rescale(self, partitions: int, lines: list[str]) -> None:
         world = self.world

@@ -70,4 +70,4 @@ def test_a_suite_gives_each_mix_its_share() -> None:
     assert ("time", 0) in runs
     assert ("time", 74) in runs
     assert parse_runs("classic:187,12", "time") == [("classic", 187), ("time", 12)]
-    assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive"}
+    assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive", "rescale"}

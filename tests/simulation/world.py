@@ -415,7 +415,9 @@ class World:
         )
 
     def start(self, slot: Slot) -> None:
-        if slot.running or not slot.wanted or self.operators.down:  # a downtime starts them as it ends
+        if (
+            slot.running or not slot.wanted or self.operators.holding
+        ):  # started when the downtime or rescale ends
             return
         slot.incarnations += 1
         process = Process(f"{slot.name}.{slot.incarnations}")
