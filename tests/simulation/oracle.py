@@ -21,6 +21,22 @@ read_committed, across every process incarnation:
 - with a redrive, once its causes are fixed and the last replay exited 0, every key of the
   causes has a command.
 
+The TTL windows, exact to what the worker guarantees (:mod:`tests.simulation.windows` has
+each rule in full):
+
+1. a copy's time ``e`` is its record timestamp bounded by the deciding worker's clock plus
+   ``--max-clock-skew``, the clock read between the record's append and its audit record's
+   (the seed's clock jumps widen it);
+2. a partition's stream time is the largest ``e`` of the accepted copies before it (a restore
+   takes it from the entries, so a store never runs ahead of it; only a rescale may raise it
+   to another partition's);
+3. a ``first`` copy claims until ``max(e, stream time) + TTL``, whatever the record's age;
+4. a claim's bucket is dropped only once stream time reaches its end plus one bucket of
+   grace, so below that the claim is certainly kept (a rebuilt store too: no run lets stream
+   time fall a day further behind the clock, where the changelog's retention could take it);
+5. a copy certainly past its claim must be ``first``; a copy certainly within it, the claim
+   certainly kept, a duplicate; any other either.
+
 A rescale changes which partition owns a key: the copies handled before it (the group's
 committed offsets when every worker had stopped) are taken before those handled after it.
 """
