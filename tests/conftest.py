@@ -152,7 +152,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--seed N`` replays one simulation seed with its trace; ``--seeds N`` runs that many."""
+    """``--seed N`` replays one simulation seed with its trace (``--mix NAME``: of that mix); ``--seeds N``
+    runs that many, each mix its share."""
     group = parser.getgroup("simulation", "the deterministic simulation (tests/simulation)")
     group.addoption("--seed", type=int, default=None, help="replay this simulation seed, with its trace")
+    group.addoption("--mix", default="default", help="the fault mix of --seed (tests/simulation/mixes.py)")
     group.addoption("--seeds", type=int, default=None, help="how many simulation seeds to run (default 500)")

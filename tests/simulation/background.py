@@ -1,6 +1,7 @@
 """The many-seed simulation run, started when the session begins and checked when it ends.
 
-The 500 seeds ``scripts/test`` runs are CPU work: minutes on two cores. The broker tests
+The 500 seeds ``scripts/test`` runs (each fault mix its share: ``--mix suite``,
+``tests/simulation/mixes.py``) are CPU work: minutes on two cores. The broker tests
 mostly wait (on the broker, on group joins, on the processes they start) and leave about
 half of the CPU idle. So when the many-seed test is collected, its run starts at once as
 a subprocess at the lowest CPU priority (``nice 19``: it takes only the CPU the other tests
@@ -39,7 +40,7 @@ class BackgroundSeeds:
 
     def start(self) -> None:
         """Start the run (returns at once)."""
-        args = ["--seeds", str(self.seeds), "--jobs", str(self.jobs), "--nice", str(NICE)]
+        args = ["--mix", "suite", "--seeds", str(self.seeds), "--jobs", str(self.jobs), "--nice", str(NICE)]
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.simulation.run", *args],
             cwd=ROOT,

@@ -20,6 +20,9 @@ What it models, as Kafka does it for the clients and request versions aiokafka u
   answers a partition whose offsets a transaction holds UNSTABLE_OFFSET_COMMIT;
 - per-topic ``max.message.bytes`` and the timestamp bounds
   (``message.timestamp.after.max.ms``, ``message.timestamp.before.max.ms``);
+  ``message.timestamp.type=LogAppendTime`` (the broker stamps each batch it appends);
+- segments and retention by time on the broker's clock (:mod:`tests.simulation.segments`);
+- more partitions for a topic (CreatePartitions) and a group's description (DescribeGroups);
 - outages: while down, the broker answers nothing; what was in flight is lost.
 
 Everything that takes time (a marker, a session expiring) is a timer of the world
@@ -38,7 +41,16 @@ from random import Random
 from typing import Any
 
 from tests.simulation.loop import SimLoop
-from tests.simulation.records import ABORT, COMMIT, ProducedBatch, StoredBatch, at_offset, marker
+from tests.simulation.records import (
+    ABORT,
+    COMMIT,
+    ProducedBatch,
+    StoredBatch,
+    at_offset,
+    marker,
+    stamped_on_append,
+)
+from tests.simulation.segments import Segments
 
 #: What a worker's own transactional id holds (eos-v2: one id a worker; pipeline.kafka.clients)
 WORKER_ID = "-worker-"
@@ -60,11 +72,16 @@ MEMBER_ID_REQUIRED = 79
 FENCED_INSTANCE_ID = 82
 UNSTABLE_OFFSET_COMMIT = 88
 COORDINATOR_NOT_AVAILABLE = 15
+INVALID_PARTITIONS = 37
 GROUP_AUTHORIZATION_FAILED = 30
 
 NO_LIMIT = 2**63 - 1
 DEFAULT_TXN_TIMEOUT_S = 60.0
 TXN_ABORT_SCAN_S = 10.0  # transaction.abort.timed.out.transaction.cleanup.interval.ms
+RETENTION_CHECK_S = (
+    5.0  # log.retention.check.interval.ms (Kafka's default is 5 minutes; scripts/test's broker 2 s)
+)
+LOG_APPEND_TIME = "LogAppendTime"
 
 
 @dataclass
@@ -72,14 +89,26 @@ class TopicConfig:
     max_message_bytes: int = 1_048_588
     timestamp_after_max_ms: int = NO_LIMIT
     timestamp_before_max_ms: int = NO_LIMIT
+    timestamp_type: str = "CreateTime"  # or LogAppendTime: the broker stamps what it appends
+    cleanup_policy: str = "delete"
+    retention_ms: int | None = None  # None: kept for ever (the model deletes only where a topic says)
+    segment_bytes: int = 1 << 30
 
     def as_dict(self) -> dict[str, str]:
         return {
             "max.message.bytes": str(self.max_message_bytes),
             "message.timestamp.after.max.ms": str(self.timestamp_after_max_ms),
             "message.timestamp.before.max.ms": str(self.timestamp_before_max_ms),
-            "message.timestamp.type": "CreateTime",
+            "message.timestamp.type": self.timestamp_type,
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(-1 if self.retention_ms is None else self.retention_ms),
+            "segment.bytes": str(self.segment_bytes),
         }
+
+    def checks_timestamps(self) -> bool:
+        """Whether appends are checked against the timestamp bounds (not with LogAppendTime: the broker
+        stamps them itself)."""
+        return self.timestamp_type != LOG_APPEND_TIME
 
 
 @dataclass
@@ -102,6 +131,8 @@ class PartitionLog:
         self.aborted: list[tuple[int, int, int]] = []  # producer id, first offset, marker offset
         self.producers: dict[int, _ProducerEntry] = {}
         self.changed = asyncio.Event()
+        self.segments = Segments()
+        self.deleted: list[tuple[int, bytes | None]] = []  # (offset, key) of records retention deleted
 
     def lso(self) -> int:
         return min(self.open_txns.values(), default=self.end)
@@ -114,7 +145,7 @@ class PartitionLog:
         """Append one produced batch; return (error code, base offset)."""
         if len(produced.raw) > config.max_message_bytes:
             return MESSAGE_TOO_LARGE, -1
-        for record in produced.records:
+        for record in produced.records if config.checks_timestamps() else ():
             if record.timestamp > now_ms + config.timestamp_after_max_ms or (
                 config.timestamp_before_max_ms != NO_LIMIT
                 and record.timestamp < now_ms - config.timestamp_before_max_ms
@@ -135,8 +166,11 @@ class PartitionLog:
             if produced.base_sequence != entry.next_sequence:
                 return OUT_OF_ORDER_SEQUENCE, -1
         base = self.end
-        stored = at_offset(produced, base)
+        if not config.checks_timestamps():
+            produced = stamped_on_append(produced, now_ms)
+        stored = at_offset(produced, base, now_ms)
         self.batches.append(stored)
+        self.segments.appended(base, len(stored.raw), stored.max_timestamp, config.segment_bytes)
         self.end = stored.last_offset + 1
         if pid >= 0:
             entry = self.producers[pid]
@@ -149,7 +183,9 @@ class PartitionLog:
 
     def append_marker(self, pid: int, epoch: int, kind: int, now_ms: int) -> None:
         offset = self.end
-        self.batches.append(marker(offset, pid, epoch, kind, now_ms))
+        stored = marker(offset, pid, epoch, kind, now_ms)
+        self.batches.append(stored)
+        self.segments.appended(offset, len(stored.raw), now_ms, NO_LIMIT)  # a marker never rolls a segment
         self.end = offset + 1
         first = self.open_txns.pop(pid, None)
         if kind == ABORT and first is not None:
@@ -188,6 +224,20 @@ class PartitionLog:
             else:
                 hi = mid
         return batches[lo:]
+
+    def retain(self, now_ms: int, retention_ms: int) -> int | None:
+        """Delete the segments retention takes (:class:`~tests.simulation.segments.Segments`); the new log
+        start offset, or None when nothing went."""
+        start = self.segments.expire(now_ms, retention_ms, self.lso())
+        if start is None:
+            return None
+        kept = self._from(start)
+        for batch in self.batches[: len(self.batches) - len(kept)]:
+            self.deleted.extend((record.offset, record.key) for record in batch.records)
+        self.batches = list(kept)
+        self.log_start = start
+        self._notify()
+        return start
 
     def caught_up(self, position: int) -> bool:
         """Whether a read_committed reader at ``position`` has nothing left to read: every batch from
@@ -337,6 +387,22 @@ class Broker:
 
     def start(self) -> None:
         self._scan = self.later(TXN_ABORT_SCAN_S, self._abort_timed_out)
+        self.later(RETENTION_CHECK_S, self._retain)
+
+    def _retain(self) -> None:
+        """The log manager's retention check: segments older than their topic's ``retention.ms``."""
+        self.later(RETENTION_CHECK_S, self._retain)
+        if self.down:
+            return
+        now = self.now_ms()
+        for topic in self.topics.values():
+            retention = topic.config.retention_ms
+            if retention is None or "delete" not in topic.config.cleanup_policy:
+                continue
+            for log in topic.partitions:
+                start = log.retain(now, retention)
+                if start is not None:
+                    self.trace(f"broker: retention deleted {topic.name}-{log.partition} below offset {start}")
 
     # -- topics ------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int, config: TopicConfig) -> Topic:
@@ -345,6 +411,17 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         self.topics.pop(name, None)
+
+    def create_partitions(self, name: str, count: int) -> int:
+        """Raise ``name`` to ``count`` partitions (CreatePartitions); an error code."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return UNKNOWN_TOPIC_OR_PARTITION
+        if count <= len(topic.partitions):
+            return INVALID_PARTITIONS
+        topic.partitions.extend(PartitionLog(name, p) for p in range(len(topic.partitions), count))
+        self.trace(f"broker: {name} now has {count} partitions")
+        return NONE
 
     def log(self, topic: str, partition: int) -> PartitionLog | None:
         found = self.topics.get(topic)
@@ -618,6 +695,21 @@ class Broker:
         if group is None:
             group = self.groups[group_id] = Group(group_id)
         return group
+
+    def describe_group(self, group_id: str) -> tuple[str, str, str, list[Member]]:
+        """``group_id``'s state as Kafka names it, protocol type, protocol and members (DescribeGroups)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return "Dead", "", "", []
+        state = {
+            "empty": "Empty",
+            "preparing": "PreparingRebalance",
+            "completing": "CompletingRebalance",
+            "stable": "Stable",
+        }[group.state]
+        members = list(group.members.values())
+        protocol_type = members[0].protocol_type if members else "consumer"
+        return state, protocol_type, group.protocol or "", members
 
     async def join(
         self,

@@ -1,9 +1,10 @@
 """The defects the simulation was built to find, each re-introduced into a copy of ``pipeline/``.
 
-``python -m tests.simulation.defects N [--seed S]`` copies ``pipeline/`` into a temporary
-directory, undoes fix N there (the exact change below, the code as it stood before the
-fix), and runs simulation seeds against that copy: each must fail, while the same seeds
-pass on the code as it is. ``tests/simulation/test_defects.py`` checks that for the seed
+``python -m tests.simulation.defects N [--mix M] [--seed S]`` copies ``pipeline/`` into a
+temporary directory, undoes fix N there (the exact change below, the code as it stood before
+the fix, or, for 9-15, a plausible bug of the expiry and redrive paths), and runs simulation
+seeds of mix M against that copy: each must fail, while the same seeds pass on the code as
+it is. ``tests/simulation/test_defects.py`` checks that for the seed
 ``docs/reliability.md`` records for each. A patch that no longer applies means the code it
 undoes changed: update the patch to undo the fix as the code now has it.
 """
@@ -149,6 +150,80 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    9: (
+        "a claim lives only until the record's own timestamp plus the TTL (issue 34, defect 1)",
+        [
+            (
+                "state/decision.py",
+                "            expires_at=max(timestamp, stream_time) + ttl_ms,",
+                "            expires_at=timestamp + ttl_ms,",
+            ),
+        ],
+    ),
+    10: (
+        "buckets expire by the wall clock, not by stream time",
+        [
+            (
+                "state/store.py",
+                "            if (bucket + 1) * self.bucket_ms + grace > self.stream_time:",
+                '            if (bucket + 1) * self.bucket_ms + grace > int(__import__("time").time() * 1000):',
+            ),
+        ],
+    ),
+    11: (
+        "a key is still alive at its expiry time: an off-by-one at the TTL boundary",
+        [
+            (
+                "state/decision.py",
+                "        return timestamp < self.expires_at",
+                "        return timestamp <= self.expires_at",
+            ),
+        ],
+    ),
+    12: (
+        "a record replayed from the DLQ skips the seen-set",
+        [
+            (
+                "worker/event_stage.py",
+                "        existing = txn.staged(key_bytes) or known.get(key_bytes)",
+                "        existing = None if replayed_from(delivery) else txn.staged(key_bytes) or known.get(key_bytes)",
+            ),
+        ],
+    ),
+    13: (
+        "a replayed changelog takes stream time from the batches' timestamps",
+        [
+            (
+                "state/replay.py",
+                "                stream_time = max(stream_time, seen)",
+                "                stream_time = max(stream_time, seen, batch.max_timestamp)",
+            ),
+        ],
+    ),
+    14: (
+        "a bounded read (dlq replay) ends at a silence and reports success (issue 34, item 2)",
+        [
+            (
+                "kafka/bounded_read.py",
+                (
+                    "                elif clock() - max(moved_at, connected_at) >= RECONNECT_AFTER:\n"
+                    "                    await _closed(consumer)\n"
+                    "                    consumer = None\n"
+                ),
+                "                elif clock() - moved_at >= 5.0:\n                    return\n",
+            ),
+        ],
+    ),
+    15: (
+        "changelog records stamped with the record's time, not when written (issue 34, item 4)",
+        [
+            (
+                "state/partition_transaction.py",
+                "        written = int(self.txn.wall() * 1000)",
+                "        written = entry.last_seen",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.
@@ -200,11 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.simulation.defects", description=__doc__.splitlines()[0]
     )
     parser.add_argument("defect", type=int, choices=sorted(DEFECTS))
+    parser.add_argument(
+        "--mix", default="default", help="the fault mix of the seeds (tests/simulation/mixes.py)"
+    )
     parser.add_argument("--seed", type=int, help="run this seed (default: search --seeds from --first)")
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--first", type=int, default=0)
     args = parser.parse_args(argv)
-    run_args = (
+    run_args = ["--mix", args.mix] + (
         ["--seed", str(args.seed)]
         if args.seed is not None
         else ["--seeds", str(args.seeds), "--first", str(args.first), "--stop-after", "3"]

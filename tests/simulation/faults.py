@@ -6,6 +6,7 @@ Each fault has a virtual time and a target; :mod:`tests.simulation.world` carrie
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from random import Random
 from typing import Any
@@ -29,6 +30,8 @@ KINDS = (
 STORM = (
     "fatal-storm"  # for a while every transaction's producer dies: partitions break and reopen over and over
 )
+RESCALE = "rescale"  # every worker stopped, ``pipeline rescale`` to ``target`` partitions, started again
+RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers run (``detail`` says which)
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made
@@ -55,12 +58,21 @@ class Fault:
         return f"t={self.at:.2f} {self.kind} #{self.target} {' '.join(extra)}".rstrip()
 
 
-def draw(rng: Random, *, window: float, workers: int, partitions: int, session_s: float) -> list[Fault]:
-    """A fault schedule within ``window`` seconds."""
+def draw(
+    rng: Random,
+    *,
+    window: float,
+    workers: int,
+    partitions: int,
+    session_s: float,
+    kinds: Mapping[str, float] | None = None,
+) -> list[Fault]:
+    """A fault schedule within ``window`` seconds; ``kinds`` weights the kinds (none: each as likely)."""
     faults: list[Fault] = []
     count = rng.choice((0, 1, 2, 3, 4, 6))
+    weights = [kinds.get(kind, 0.0) for kind in KINDS] if kinds else None
     for _ in range(count):
-        kind = rng.choice(KINDS)
+        kind = rng.choices(KINDS, weights)[0] if weights else rng.choice(KINDS)
         at = rng.uniform(0.5, window)
         worker = rng.randrange(workers)
         if kind == "crash":

@@ -8,7 +8,7 @@ consumers and the restore read exactly what a broker would send them.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
@@ -16,7 +16,9 @@ from aiokafka.record.util import calc_crc32c
 
 ATTRIBUTES_OFFSET = 21
 CRC_OFFSET = 17
+MAX_TIMESTAMP_OFFSET = 35
 CONTROL_MASK = 0x20
+LOG_APPEND_TIME_MASK = 0x08  # attributes bit 3: the broker stamped the batch (message.timestamp.type)
 ABORT, COMMIT = 0, 1
 
 
@@ -29,6 +31,7 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
+    appended: int = 0  # the broker's wall clock (ms) when its batch was appended (for the oracle)
 
     def header(self, name: str) -> bytes | None:
         for key, value in self.headers:
@@ -51,6 +54,7 @@ class StoredBatch:
     max_timestamp: int
     raw: bytes
     records: list[Record] = field(default_factory=list)
+    appended: int = 0  # the broker's wall clock (ms) when it was appended
 
     @property
     def count(self) -> int:
@@ -98,11 +102,12 @@ def decode_produced(raw: bytes) -> list[ProducedBatch]:
     return batches
 
 
-def at_offset(produced: ProducedBatch, base_offset: int) -> StoredBatch:
-    """``produced`` as stored at ``base_offset`` (the broker writes the offset; the CRC does not cover it)."""
+def at_offset(produced: ProducedBatch, base_offset: int, appended: int = 0) -> StoredBatch:
+    """``produced`` as stored at ``base_offset`` (the broker writes the offset; the CRC does not cover it),
+    appended at ``appended`` (ms, the broker's clock)."""
     raw = struct.pack(">q", base_offset) + produced.raw[8:]
     records = [
-        Record(base_offset + i, r.timestamp, r.key, r.value, r.headers)
+        Record(base_offset + i, r.timestamp, r.key, r.value, r.headers, appended)
         for i, r in enumerate(produced.records)
     ]
     return StoredBatch(
@@ -116,7 +121,21 @@ def at_offset(produced: ProducedBatch, base_offset: int) -> StoredBatch:
         max_timestamp=produced.max_timestamp,
         raw=raw,
         records=records,
+        appended=appended,
     )
+
+
+def stamped_on_append(produced: ProducedBatch, now_ms: int) -> ProducedBatch:
+    """``produced`` as a topic with ``message.timestamp.type=LogAppendTime`` stores it: the type bit set
+    and the batch's max timestamp the broker's clock (the CRC recomputed); every record then reads as
+    stamped then, as Kafka's clients read such a batch."""
+    raw = bytearray(produced.raw)
+    attributes = struct.unpack_from(">h", raw, ATTRIBUTES_OFFSET)[0] | LOG_APPEND_TIME_MASK
+    struct.pack_into(">h", raw, ATTRIBUTES_OFFSET, attributes)
+    struct.pack_into(">q", raw, MAX_TIMESTAMP_OFFSET, now_ms)
+    struct.pack_into(">I", raw, CRC_OFFSET, calc_crc32c(bytes(raw[ATTRIBUTES_OFFSET:])))
+    records = [Record(r.offset, now_ms, r.key, r.value, r.headers, r.appended) for r in produced.records]
+    return replace(produced, raw=bytes(raw), records=records, max_timestamp=now_ms)
 
 
 def plain_batch(
@@ -154,4 +173,5 @@ def marker(offset: int, producer_id: int, producer_epoch: int, kind: int, timest
         control=kind,
         max_timestamp=timestamp,
         raw=bytes(raw),
+        appended=timestamp,
     )

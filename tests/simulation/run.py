@@ -1,8 +1,10 @@
-"""Run simulation seeds: ``python -m tests.simulation.run --seeds 1000 [--jobs 2] [--first 0]``.
+"""Run simulation seeds: ``python -m tests.simulation.run [--mix NAME] --seeds 1000 [--jobs 2] [--first 0]``.
 
 One seed (``--seed N``) prints its scenario and verdict, and its trace with ``--trace``.
 Many seeds print a line per failure and, at the end, how many failed and the seeds
-per second. Runs are reproducible only under one hash seed: the runner starts its
+per second. ``--mix`` picks the fault mix (``tests/simulation/mixes.py``: default, poison,
+standby, time, redrive, rescale, classic); ``--mix suite`` runs each mix's share of the seeds, as
+``scripts/test`` does. Runs are reproducible only under one hash seed: the runner starts its
 workers with ``PYTHONHASHSEED=0`` (and re-executes itself with it when it is unset).
 Exit status: 0 when every seed passed, 1 otherwise.
 """
@@ -42,12 +44,16 @@ def _init() -> None:
     _quiet()
 
 
-def _one(seed: int) -> tuple[int, bool, str, float, int]:
+Run = tuple[str, int]  # (mix, seed)
+
+
+def _one(run: Run) -> tuple[Run, bool, str, float, int]:
     from tests.simulation.world import run_seed  # noqa: PLC0415
 
-    result = run_seed(seed)
+    mix, seed = run
+    result = run_seed(seed, mix)
     return (
-        seed,
+        run,
         result.ok,
         result.report(trace_lines=80) if not result.ok else "",
         result.virtual_s,
@@ -60,9 +66,9 @@ def _first_problem(report: str) -> str:
     return lines[lines.index("problems:") + 1].strip()[:300] if "problems:" in lines else ""
 
 
-def run_many(seeds: Iterable[int], jobs: int, *, stop_after: int | None = None) -> list[tuple[int, str]]:
-    """Run ``seeds`` on ``jobs`` processes; return (seed, report) of each failure."""
-    failures: list[tuple[int, str]] = []
+def run_many(seeds: Iterable[Run], jobs: int, *, stop_after: int | None = None) -> list[tuple[Run, str]]:
+    """Run ``seeds`` (mix, seed) on ``jobs`` processes; return ((mix, seed), report) of each failure."""
+    failures: list[tuple[Run, str]] = []
     seeds = list(seeds)
     started = time.monotonic()
     done = 0
@@ -73,7 +79,7 @@ def run_many(seeds: Iterable[int], jobs: int, *, stop_after: int | None = None) 
             done += 1
             if not ok:
                 failures.append((seed, report))
-                print(f"FAIL seed {seed}: {_first_problem(report)}", flush=True)
+                print(f"FAIL {seed[0]}:{seed[1]}: {_first_problem(report)}", flush=True)
                 if stop_after is not None and len(failures) >= stop_after:
                     break
         elapsed = time.monotonic() - started
@@ -99,11 +105,7 @@ def run_many(seeds: Iterable[int], jobs: int, *, stop_after: int | None = None) 
                 done += 1
                 if not ok:
                     failures.append((seed, report))
-                    first = report.splitlines()
-                    print(
-                        f"FAIL seed {seed}: {first[first.index('problems:') + 1].strip() if 'problems:' in first else ''}",
-                        flush=True,
-                    )
+                    print(f"FAIL {seed[0]}:{seed[1]}: {_first_problem(report)}", flush=True)
                     if stop_after is not None and len(failures) >= stop_after:
                         pool.shutdown(cancel_futures=True)
                         stopped = True
@@ -126,10 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.simulation.run", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--seed", type=int, help="run this one seed and print its verdict")
+    parser.add_argument(
+        "--mix",
+        default="default",
+        help="the fault mix (default, poison, standby, time, redrive, rescale, classic; suite)",
+    )
     parser.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
-    parser.add_argument("--list", help="run these seeds instead, comma-separated (e.g. 187,2489)")
+    parser.add_argument(
+        "--list",
+        help="run these seeds instead, comma-separated, each SEED or MIX:SEED (e.g. classic:187,time:12)",
+    )
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: one per core)"
     )
@@ -146,17 +156,22 @@ def main(argv: list[str] | None = None) -> int:
         from tests.simulation.world import run_seed  # noqa: PLC0415
 
         started = time.monotonic()
-        result = run_seed(args.seed)
+        result = run_seed(args.seed, args.mix)
         print(result.report(trace_lines=len(result.trace) if args.trace else 200))
         if result.ok and args.trace:
             print("\n".join(result.trace))
         print(f"({time.monotonic() - started:.2f}s real, counts {result.counts})")
         return 0 if result.ok else 1
-    seeds = (
-        [int(seed) for seed in args.list.split(",")]
-        if args.list
-        else range(args.first, args.first + args.seeds)
-    )
+    from tests.simulation.mixes import MIXES, parse_runs, suite  # noqa: PLC0415
+
+    if args.list:
+        seeds = parse_runs(args.list, args.mix)
+    elif args.mix == "suite":
+        seeds = suite(args.seeds, args.first)
+    elif args.mix in MIXES:
+        seeds = [(args.mix, n) for n in range(args.first, args.first + args.seeds)]
+    else:
+        parser.error(f"no mix {args.mix!r} (the mixes: {', '.join(MIXES)}, and suite)")
     failures = run_many(seeds, args.jobs, stop_after=args.stop_after)
     for _seed, report in failures[:3]:
         print("\n" + report)

@@ -47,6 +47,18 @@ class Model:
     def run(self, scenario: Callable[[Model], Awaitable[None]]) -> None:
         self.loop.run_until_complete(scenario(self))
 
+    def run_clients(self, scenario: Callable[[Model], Awaitable[None]], seed: int = 3) -> wire.Network:
+        """Run ``scenario`` with aiokafka's clients connected to the model (virtual time, the simulated
+        network); the network, whose ``errors`` are the model's own failures."""
+        network = wire.Network(self.broker, Random(seed))
+        asyncio.set_event_loop(self.loop)
+        try:
+            with virtual_time(self.loop), wire.installed(network):
+                self.run(scenario)
+        finally:
+            asyncio.set_event_loop(None)
+        return network
+
     async def send(self, request: Any) -> Any:
         """``request`` as a client sends it: prepared at the versions the model serves, off the wire and back."""
         struct = request.prepare(wire.VERSIONS)
@@ -229,7 +241,6 @@ def test_the_pipelines_eos_v2_calls_work_through_aiokafkas_clients_on_the_model(
     gets the committed offset, and fencing a transactional id fences its producer."""
     model = Model()
     model.broker.create_topic(TP.topic, 1, b.TopicConfig())
-    network = wire.Network(model.broker, Random(3))
     bootstrap = f"{wire.HOST}:{wire.PORT}"
 
     async def scenario(model: Model) -> None:
@@ -266,10 +277,4 @@ def test_the_pipelines_eos_v2_calls_work_through_aiokafkas_clients_on_the_model(
             await producer.stop()
             await consumer.stop()
 
-    asyncio.set_event_loop(model.loop)
-    try:
-        with virtual_time(model.loop), wire.installed(network):
-            model.run(scenario)
-    finally:
-        asyncio.set_event_loop(None)
-    assert not network.errors
+    assert not model.run_clients(scenario).errors

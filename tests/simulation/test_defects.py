@@ -1,4 +1,4 @@
-"""The simulation can fail: each defect it was built for, put back into a copy of pipeline/, fails its seed.
+"""The simulation can fail: each defect it was built for, put back into a copy of pipeline/, fails its seed (of its mix).
 
 The same seeds pass on the code as it is (they are among the 500 test_simulation runs).
 docs/reliability.md has the table; tests/simulation/defects.py the patches.
@@ -13,22 +13,41 @@ import pytest
 from tests.simulation.defects import DEFECTS, make_copy, run_with_defect
 
 CASES = [
-    (1, 0, "livelock"),  # refused outputs: abort, isolate, DLQ, refused again, forever
-    (2, 0, "stripe:evt_0_19: 2 commands, expected 1"),  # one record dated ahead expires the seen-set
-    (3, 5, "stripe:evt_5_20: 0 commands, expected 1"),  # a store ahead of its changelog trusted
-    (4, 17, "sim.raw-0@6 (s34): 2 audit records, expected 1"),  # a zombie's offsets without its generation
-    (6, 29, "as larger than its max.message.bytes"),  # batches larger than the topic takes
-    (7, 22, "sim.raw-0@3 (s3): 2 audit records, expected 1"),  # offsets read while a transaction holds them
-    (8, 6, "stripe:evt_6_8: 2 commands, expected 1"),  # a store restored only to the last stable offset
+    # refused outputs: abort, isolate, DLQ, refused again, forever
+    (1, "classic", 0, "livelock"),
+    # one record dated ahead expires the seen-set
+    (2, "classic", 0, "stripe:evt_0_38: sim.raw-1@11 (s76) (time 1767225606301) was first inside the window"),
+    # a store ahead of its changelog trusted
+    (3, "classic", 5, "stripe:evt_5_20: sim.raw-1@8 (s32) (time 1767225605944) was duplicate"),
+    # a zombie's offsets without its generation
+    (4, "classic", 17, "sim.raw-0@6 (s34): 2 audit records, expected 1"),
+    # batches larger than the topic takes
+    (6, "classic", 29, "as larger than its max.message.bytes"),
+    # offsets read while a transaction holds them
+    (7, "classic", 22, "sim.raw-0@3 (s3): 2 audit records, expected 1"),
+    # a store restored only to the last stable offset
+    (8, "classic", 6, "stripe:evt_6_8: sim.raw-0@19 (s17) (time 1767079128903) was first inside the window"),
+    # a redriven record claimed only until its own timestamp plus the TTL
+    (9, "redrive", 1, "acme:evt_1_a7: sim.raw-0@60 (a7.0, replayed-from) claimed until"),
+    # buckets expired by the wall clock: a backlog hours old loses its claims
+    (10, "time", 4, "stripe:evt_4_36: sim.raw-0@26 (s54) (time 1767225970426) was first inside the window"),
+    # a key still alive at its expiry time
+    (11, "time", 5, "(b00) (time 1767052819126) was duplicate, but the claim"),
+    # a replayed record skips the seen-set: two redrives, two commands
+    (12, "redrive", 1, "(a7.1, replayed-from) (time 1767225612883) was first inside the window"),
+    # a restored store takes stream time from the changelog batches' timestamps
+    (13, "time", 5, "stripe:evt_5_13: sim.raw-1@2 (s22) claimed until"),
+    # dlq replay ends at a silence and exits 0
+    (14, "redrive", 3, "replay1 exited 0 without replaying"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("defect", "seed", "problem"), CASES, ids=[f"defect-{d}-seed-{s}" for d, s, _ in CASES]
+    ("defect", "mix", "seed", "problem"), CASES, ids=[f"defect-{d}-{m}-seed-{s}" for d, m, s, _ in CASES]
 )
-def test_the_defect_put_back_fails_its_seed(defect: int, seed: int, problem: str) -> None:
+def test_the_defect_put_back_fails_its_seed(defect: int, mix: str, seed: int, problem: str) -> None:
     """With the fix undone in a copy of pipeline/, the recorded seed fails, and for the recorded reason."""
-    result = run_with_defect(defect, ["--seed", str(seed)], timeout=300)
+    result = run_with_defect(defect, ["--mix", mix, "--seed", str(seed)], timeout=300)
     assert result.returncode == 1, result.stdout[:3000] + result.stderr[-2000:]
     assert problem in result.stdout, result.stdout[:3000]
 

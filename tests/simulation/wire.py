@@ -52,6 +52,8 @@ REQUESTS = (
     transaction.EndTxnRequest,
     transaction.TxnOffsetCommitRequest,
     admin_protocol.DescribeConfigsRequest,
+    admin_protocol.DescribeGroupsRequest,
+    admin_protocol.CreatePartitionsRequest,
 )
 VERSIONS: dict[int, tuple[int, int]] = {
     r.API_KEY: (r._CLASSES[-1].API_VERSION, r._CLASSES[-1].API_VERSION) for r in REQUESTS
@@ -76,6 +78,9 @@ class Network:
         self.errors: list[str] = []  # the model's own failures (a bug of the simulation, not the worker)
         #: slot name -> (until, (low, high)): the standby fetches of that worker's processes crawl until then
         self.slow_standbys: dict[str, tuple[float, tuple[float, float]]] = {}
+        #: (process, callback): the first fetch that process sends calls the callback (a broker that goes away
+        #: just as a tool has read its end offsets and begins to read)
+        self.on_fetch: tuple[Any, Callable[[], None]] | None = None
         #: encode and decode every request and response, as on the wire (slower; catches a response
         #: the model builds in a shape aiokafka would not read): ``SIM_STRICT_WIRE=1``
         self.strict = os.environ.get("SIM_STRICT_WIRE") == "1"
@@ -163,6 +168,14 @@ class SimConnection:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         self.network.requests += 1
+        watched = self.network.on_fetch
+        if (
+            watched is not None
+            and watched[0] is self.process
+            and struct.API_KEY == fetch.FetchRequest.API_KEY
+        ):
+            self.network.on_fetch = None
+            watched[1]()
         delay = self.network.latency() + self.network.standby_crawl(self)
         loop = self.network.broker.loop
         loop.call_later(delay, self._arrive, struct, future, context=contextvars.Context())
@@ -282,6 +295,14 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
         return _txn_offset_commit(broker, req)
     if key == admin_protocol.DescribeConfigsRequest.API_KEY:
         return _describe_configs(broker, req)
+    if key == admin_protocol.DescribeGroupsRequest.API_KEY:
+        return _describe_groups(broker, req)
+    if key == admin_protocol.CreatePartitionsRequest.API_KEY:
+        errors = [
+            (topic, broker.create_partitions(topic, count), None)
+            for topic, (count, _) in req.topic_partitions
+        ]
+        return req.RESPONSE_TYPE(0, errors)
     raise NotImplementedError(f"the simulated broker has no handler for {type(req).__name__}")
 
 
@@ -473,6 +494,19 @@ async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any
     return req.RESPONSE_TYPE(
         0, 0, result["generation"], result["protocol"], result["leader"], result["member_id"], members
     )
+
+
+def _describe_groups(broker: b.Broker, req: Any) -> Any:
+    groups: list[tuple[Any, ...]] = []
+    for group_id in req.groups:
+        state, protocol_type, protocol, members = broker.describe_group(group_id)
+        rows = [(m.member_id, m.client_id, "/sim", b"", m.assignment) for m in members]
+        groups.append((0, group_id, state, protocol_type, protocol, rows, -2147483648))
+    if req.API_VERSION < 3:
+        groups = [row[:-1] for row in groups]
+    if req.API_VERSION == 0:
+        return req.RESPONSE_TYPE(groups)
+    return req.RESPONSE_TYPE(0, groups)
 
 
 def _describe_configs(broker: b.Broker, req: Any) -> Any:

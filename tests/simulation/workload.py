@@ -6,7 +6,7 @@ DLQ) and knows what it must become, so the oracle needs nothing from the worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from random import Random
 
 import orjson
@@ -37,6 +37,13 @@ class Delivery:
     effect_key: str | None  # the effect key its command is deduped by, if routed through effects
     poison: str | None  # why it must go to the DLQ, else None (valid)
     misplaced: bool
+    timestamp_ms: int | None = None  # its timestamp, when the workload fixes it (then no skew is added)
+    cause: str | None = None  # the DLQ reason it gets until the world fixes its cause (then it is valid)
+
+    def copy(self, sim_id: str, at: float, timestamp_ms: int | None) -> Delivery:
+        """Another delivery of this record: its own sim id, time and timestamp."""
+        headers = [(n, v) for n, v in self.headers if n != SIM_ID] + [(SIM_ID, sim_id.encode())]
+        return replace(self, sim_id=sim_id, at=at, timestamp_ms=timestamp_ms, headers=headers)
 
 
 @dataclass
@@ -54,11 +61,17 @@ class Workload:
         keys = len({d.event_key for d in self.deliveries if not d.poison})
         skewed = sum(1 for d in self.deliveries if d.timestamp_skew_ms)
         misplaced = sum(1 for d in self.deliveries if d.misplaced)
+        fixable = sum(1 for d in self.deliveries if d.cause)
         return (
             f"{len(self.deliveries)} records over {self.duration:.1f}s: {keys} keys, {poison} poison, "
             f"{misplaced} misplaced, {skewed} with skewed timestamps, {self.partitions} partitions"
             + (", effect routes" if self.effects else "")
+            + (f", {fixable} invalid until a fix" if fixable else "")
         )
+
+    def add(self, deliveries: list[Delivery]) -> None:
+        """More deliveries, kept in the order of their times."""
+        self.deliveries = sorted([*self.deliveries, *deliveries], key=lambda d: d.at)
 
 
 def _body(event_id: str, event_type: str, *, pending: int, variant: int, payment: str, pad: int = 0) -> bytes:
@@ -136,42 +149,64 @@ def draw(rng: Random, *, partitions: int, effects: bool, seed: int) -> Workload:
                 )
             )
     for _ in range(rng.randint(0, max(1, keys // 10))):
-        kind = rng.choice(("bad-body", "unknown-source", "bad-body-keyless", "bad-header"))
-        at = rng.uniform(0, duration)
-        partition = rng.randrange(partitions)
-        headers: list[tuple[str, bytes | None]] = [("source", b"stripe")]
-        key_bytes: bytes | None = f"stripe:poison_{seed}_{serial}".encode()
-        value = b'{"id": "truncated'
-        reason = "bad-body"
-        if kind == "unknown-source":
-            headers = [("source", b"nobody")]
-            value = b'{"id": "x"}'
-            reason = "unknown-source"
-        elif kind == "bad-body-keyless":
-            key_bytes = None
-            reason = "missing-key"
-        elif kind == "bad-header":
-            headers = [("source", b"stripe"), ("received-at", b"not-a-time")]
-            value = b'{"id": "y"}'
-            reason = "bad-header"
-        skew = 60 * DAY_MS if (skew_forward and rng.random() < 0.3) else 0
         deliveries.append(
-            Delivery(
-                sim_id=next_id(),
-                at=at,
-                partition=partition,
-                key=key_bytes,
-                value=value,
-                headers=headers,
-                timestamp_skew_ms=skew,
-                event_key="",
-                effect_key=None,
-                poison=reason,
-                misplaced=False,
+            _poison(
+                rng,
+                duration=duration,
+                partitions=partitions,
+                skew_forward=skew_forward,
+                key_id=f"{seed}_{serial}",
             )
         )
+        deliveries[-1] = replace(deliveries[-1], sim_id=next_id())
     deliveries.sort(key=lambda d: d.at)
     load.deliveries = [
         Delivery(**{**d.__dict__, "headers": [*d.headers, (SIM_ID, d.sim_id.encode())]}) for d in deliveries
     ]
     return load
+
+
+def _poison(rng: Random, *, duration: float, partitions: int, skew_forward: bool, key_id: str) -> Delivery:
+    """One poison record (its sim id and sim-id header are the caller's)."""
+    kind = rng.choice(("bad-body", "unknown-source", "bad-body-keyless", "bad-header"))
+    at = rng.uniform(0, duration)
+    partition = rng.randrange(partitions)
+    headers: list[tuple[str, bytes | None]] = [("source", b"stripe")]
+    key_bytes: bytes | None = f"stripe:poison_{key_id}".encode()
+    value = b'{"id": "truncated'
+    reason = "bad-body"
+    if kind == "unknown-source":
+        headers = [("source", b"nobody")]
+        value = b'{"id": "x"}'
+        reason = "unknown-source"
+    elif kind == "bad-body-keyless":  # the key would come from the body, which cannot be read
+        key_bytes = None
+    elif kind == "bad-header":
+        headers = [("source", b"stripe"), ("received-at", b"not-a-time")]
+        value = b'{"id": "y"}'
+        reason = "bad-header"
+    skew = 60 * DAY_MS if (skew_forward and rng.random() < 0.3) else 0
+    return Delivery(
+        sim_id="",
+        at=at,
+        partition=partition,
+        key=key_bytes,
+        value=value,
+        headers=headers,
+        timestamp_skew_ms=skew,
+        event_key="",
+        effect_key=None,
+        poison=reason,
+        misplaced=False,
+    )
+
+
+def more_poison(rng: Random, load: Workload, count: int) -> None:
+    """``count`` more poison records (a mix weighted toward poison), with sim ids of their own."""
+    extra = []
+    for n in range(count):
+        found = _poison(
+            rng, duration=load.duration, partitions=load.partitions, skew_forward=False, key_id=f"p{n}"
+        )
+        extra.append(found.copy(f"p{n}", found.at, None))
+    load.add(extra)

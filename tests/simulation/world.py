@@ -27,6 +27,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocol
 from pipeline import topology as topology_module
 from pipeline.errors import BrokerUnavailableError, StoreLockedError
 from pipeline.kafka.admin import topic_specs
+from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
@@ -36,135 +37,17 @@ from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
-from tests.simulation import oracle, wire
-from tests.simulation.faults import DiskFaults, Fault, SimStore
+from tests.simulation import oracle, redrive, timeline, wire
+from tests.simulation.faults import RECONFIGURE, RESCALE, DiskFaults, Fault, SimStore
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
+from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
-from tests.simulation.workload import Workload
-from tests.simulation.workload import draw as draw_workload
+from tests.simulation.scenario import APP, GROUP, Scenario
 
-APP, GROUP = "sim", "sim"
 SETTLE_LIMIT_S = 900.0  # after the schedule, the longest the workers may take to catch up
 STOP_LIMIT_S = 60.0  # the longest a worker may take to stop when asked
 RESTART_BACKOFF_S = 1.0
-
-
-@dataclass
-class Scenario:
-    seed: int
-    partitions: int
-    workers: int
-    effects: bool
-    flavor: str  # "3.x": no timestamp limits; "4.x": outputs refuse records more than 1 h ahead
-    settings: dict[str, Any]
-    workload: Workload
-    faults: list[Fault]
-    small_limits: bool = False  # output topics made by hand with 4 KiB max.message.bytes
-    older: frozenset[str] = frozenset()  # slots running a worker from before standbys (roundrobin assignor)
-
-    @classmethod
-    def draw(cls, seed: int) -> Scenario:
-        rng = Random(seed)
-        partitions = rng.choice((1, 2, 3, 4))
-        workers = rng.choice((1, 2, 2, 3))
-        effects = rng.random() < 0.4
-        flavor = rng.choice(("3.x", "4.x"))
-        session_ms = rng.choice((3000, 6000, 10000))
-        settings = {
-            "session_timeout_ms": session_ms,
-            "commit_interval": rng.choice((0.05, 0.3, 1.0)),
-            "max_batch": rng.choice((2, 7, 50, 10_000)),
-            "commit_policy": rng.choice(("caught-up", "interval")),
-            "poll_records": rng.choice((3, 40, 2000)),
-            "chunk_records": rng.choice((1, 4, 250)),
-            "linger_ms": rng.choice((0, 5)),
-        }
-        workload = draw_workload(
-            Random(rng.getrandbits(64)), partitions=partitions, effects=effects, seed=seed
-        )
-        faults = fault_module.draw(
-            Random(rng.getrandbits(64)),
-            window=workload.duration + 5.0,
-            workers=workers,
-            partitions=partitions,
-            session_s=session_ms / 1000,
-        )
-        small_limits = rng.random() < 0.25
-        if rng.random() < 0.2:  # partitions breaking over and over while the group moves them
-            at = rng.uniform(0.5, workload.duration + 5.0)
-            faults = sorted(
-                [*faults, Fault(at, fault_module.STORM, 0, rng.uniform(2.0, 15.0))], key=lambda f: f.at
-            )
-            if not any(f.kind in ("join", "leave", "crash", "pause") for f in faults):
-                kind = rng.choice(("join", "leave", "crash"))
-                extra = Fault(at + rng.uniform(0.0, 5.0), kind, rng.randrange(workers), rng.uniform(1.0, 8.0))
-                faults = sorted([*faults, extra], key=lambda f: f.at)
-        # drawn apart, so that the draws above stay what they were for every seed
-        apart = Random(seed ^ 0x57A2DB7)
-        standbys: int = apart.choice((0, 1, 1, 2))
-        settings["standby_replicas"] = standbys
-        faults = sorted(
-            faults
-            + fault_module.draw_standby(
-                apart, window=workload.duration + 5.0, workers=workers, standbys=standbys
-            ),
-            key=lambda f: f.at,
-        )
-        older = frozenset({"w0"}) if workers > 1 and apart.random() < 0.2 else frozenset()
-        return cls(
-            seed, partitions, workers, effects, flavor, settings, workload, faults, small_limits, older
-        )
-
-    def describe(self) -> str:
-        lines = [
-            f"seed {self.seed}: {self.workers} workers, broker {self.flavor}"
-            + (", 4 KiB output topics" if self.small_limits else "")
-            + (
-                f", {', '.join(sorted(self.older))} on older code (roundrobin, no standbys)"
-                if self.older
-                else ""
-            )
-            + f", settings {self.settings}",
-            f"workload: {self.workload.describe()}",
-            "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),
-        ]
-        return "\n".join(lines)
-
-
-def topology_text(effects: bool, partitions: int) -> str:
-    text = f"""
-[app]
-name = "{APP}"
-[topics]
-input = "{APP}.raw"
-commands = "{APP}.events"
-audit = "{APP}.deliveries"
-dlq = "{APP}.dlq"
-changelog = "{APP}-seen-changelog"
-partitions = {partitions}
-[sources.stripe]
-provider = "stripe"
-verify = "none"
-ttl = "7d"
-"""
-    if effects:
-        text += f"""
-[[routes]]
-source = "stripe"
-event = "checkout.session.completed"
-topic = "{APP}.orders"
-command = "fulfil-order"
-effect_key = "data.object.payment_intent"
-effect_ttl = "30d"
-[[routes]]
-source = "stripe"
-event = "payment_intent.succeeded"
-topic = "{APP}.orders"
-command = "fulfil-order"
-effect_key = "data.object.id"
-effect_ttl = "30d"
-"""
-    return text
+CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
 
 
 @dataclass
@@ -179,6 +62,7 @@ class Slot:
     task: asyncio.Task[Any] | None = None
     incarnations: int = 0
     exits: list[str] = field(default_factory=list)
+    clock_offset: float = 0.0  # how far this machine's wall clock is off (seconds): a clock jump
 
     @property
     def name(self) -> str:
@@ -192,6 +76,7 @@ class Slot:
 @dataclass
 class Result:
     seed: int
+    mix: str
     ok: bool
     problems: list[str]
     trace: list[str]
@@ -201,13 +86,17 @@ class Result:
     counts: dict[str, int]
 
     def report(self, *, trace_lines: int = 200) -> str:
-        head = f"seed {self.seed}: {'PASS' if self.ok else 'FAIL'} ({self.virtual_s:.0f}s virtual, {self.steps} steps)"
+        head = (
+            f"seed {self.seed} ({self.mix} mix): {'PASS' if self.ok else 'FAIL'} "
+            f"({self.virtual_s:.0f}s virtual, {self.steps} steps)"
+        )
         parts = [head, self.scenario]
         if not self.ok:
             parts.append("problems:\n  " + "\n  ".join(self.problems))
             parts.append(f"trace (last {trace_lines} lines):\n" + "\n".join(self.trace[-trace_lines:]))
             parts.append(
-                f"replay: pytest tests/simulation --seed {self.seed}  (or python -m tests.simulation.run --seed {self.seed} --trace)"
+                f"replay: pytest tests/simulation --mix {self.mix} --seed {self.seed}  "
+                f"(or python -m tests.simulation.run --mix {self.mix} --seed {self.seed} --trace)"
             )
         return "\n".join(parts)
 
@@ -241,6 +130,7 @@ def step_budget(scenario: Scenario) -> int:
     """The callbacks a run of ``scenario`` may take: a livelock spins past it; a long outage with many
     clients retrying is work (seed 1359: a 92 s outage, four workers with two standbys each, took 424k)."""
     outage = sum(f.duration for f in scenario.faults if f.kind == "outage")
+    outage += sum(f.steps for f in scenario.faults if f.kind == redrive.REPLAY)  # cut off as a replay reads
     return STEPS + int(STEPS_PER_OUTAGE_S * outage)
 
 
@@ -257,20 +147,64 @@ class World:
         self.network = wire.Network(self.broker, Random(self.rng.getrandbits(64)))
         self.disk = DiskFaults()
         self.topology_path = root / "topology.toml"
-        self.topology_path.write_text(topology_text(scenario.effects, scenario.partitions))
-        self.topology = topology_module.load(self.topology_path)
+        self.use_topology(fixed=False)
+        self.partitions_now = scenario.partitions  # the input's partition count (a rescale raises it)
+        self.operators = Operators(self)
         self.slots = [Slot(i, root / f"w{i}") for i in range(scenario.workers)]
         self.problems: list[str] = []
         self.produced = 0
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
 
+    def use_topology(self, *, fixed: bool) -> None:
+        """Write and load the topology the workers started from now on run (``fixed``: a redrive's fix made)."""
+        self.topology_path.write_text(self.scenario.topology_text(fixed=fixed))
+        self.topology = topology_module.load(self.topology_path)
+
+    def consumed_topics(self) -> list[str]:
+        """The topics the workers consume: the input, and the effects topic with effect routes."""
+        topics = self.topology.topics
+        return [topics.input] + ([topics.effects] if self.scenario.effects else [])
+
+    async def stop_workers(self, *, kill: bool = False) -> list[Slot]:
+        """Every wanted worker down (SIGTERM, and SIGKILL if it does not stop; or SIGKILL at once); the slots."""
+        down = [slot for slot in self.slots if slot.wanted]
+        for slot in down:
+            slot.wanted = False
+            process = slot.process
+            if process is None or not process.alive:
+                continue
+            if kill:
+                self._crash(process)
+                slot.process = None
+            elif slot.worker is not None:
+                slot.worker.stop()
+                self.note(f"{process.name} SIGTERM")
+        processes = [s.process for s in down if s.process is not None and s.process.alive]
+        await self._stopped(*processes, limit=STOP_LIMIT_S)
+        for process in processes:
+            if process.alive:
+                self.problems.append(f"{process.name} did not stop within {STOP_LIMIT_S:.0f}s of SIGTERM")
+                self._crash(process)
+        return down
+
+    async def restart(self, slot: Slot, process: Process, delay: float) -> None:
+        """SIGTERM ``slot``'s worker and start it again ``delay`` seconds later (a rolling restart)."""
+        await self._leave(slot, process, delay)
+
+    async def outage(self, seconds: float) -> None:
+        """The broker down for ``seconds`` (overlapping outages: it comes back as the first ends)."""
+        self.network.outage()
+        await asyncio.sleep(seconds)
+        self.network.recover()
+        self.note("broker back")
+
     async def _watch_ownership(self) -> None:
         """Every partition is served only where the group assigns it: once a generation has been stable a
         moment, no member serves a partition the group gave another (a worker that kept one through a
         rebalance would handle its records beside their owner)."""
-        while True:
-            await asyncio.sleep(0.25)
+        while True:  # every quarter second while a worker runs (and every 5 s through a downtime of hours)
+            await asyncio.sleep(0.25 if any(slot.running for slot in self.slots) else 5.0)
             group = self.broker.group(GROUP)
             if group.state != "stable" or self.loop.time() - group.stable_since < 1.0:
                 continue
@@ -323,6 +257,7 @@ class World:
             self._release()
         return Result(
             seed=self.scenario.seed,
+            mix=self.scenario.mix,
             ok=not self.problems,
             problems=self.problems,
             trace=list(self.trace),
@@ -381,7 +316,7 @@ class World:
         self.broker.start()
         self._create_topics()
         for slot in self.slots:
-            self._start(slot)
+            self.start(slot)
         producer = self.loop.spawn(None, self._produce(), "workload")
         injector = self.loop.spawn(None, self._inject(), "faults")
         self.loop.spawn(None, self._watch_ownership(), "ownership")
@@ -390,13 +325,16 @@ class World:
         settled = await self._settle()
         if not settled:
             return
+        if self.scenario.redrive is not None:  # what is left in the DLQ of the fixed causes goes through
+            if not self.operators.fixed:
+                await self.operators.fix()
+            await self.operators.last_replay()
+            if not await self._settle():
+                return
         await self._stop_all()
         if self.problems:
             return
-        topics = self.topology.topics
-        verdict = oracle.check(
-            self.broker, self.scenario.workload, topics, self.topology.command_topics(), GROUP
-        )
+        verdict = oracle.check(self.broker, self.oracle_facts())
         self.counts = verdict.counts
         self.problems.extend(verdict.problems)
         self.problems.extend(self.broker.owner_violations[:5])
@@ -408,10 +346,40 @@ class World:
                     f"max.message.bytes ({topic.config.max_message_bytes}), which the workers read at start"
                 )
 
+    def oracle_facts(self) -> oracle.Facts:
+        """What the oracle needs beyond the broker's logs."""
+        scenario, topics = self.scenario, self.topology.topics
+        offsets = scenario.time.offsets() if scenario.time is not None else (0.0, 0.0)
+        operators = self.operators
+        last = operators.runs[-1] if operators.runs else None
+        cause_keys: set[str] = set()
+        if scenario.redrive is not None and last is not None and last.outcome.startswith("exit 0"):
+            cause_keys = {d.event_key for d in scenario.workload.deliveries if d.cause is not None}
+        return oracle.Facts(
+            deliveries=scenario.workload.deliveries,
+            input=topics.input,
+            effects=topics.effects if scenario.effects else None,
+            audit=topics.audit,
+            dlq=topics.dlq,
+            changelogs=[topics.changelog] + ([topics.effects_changelog] if scenario.effects else []),
+            command_topics=self.topology.command_topics(),
+            group=GROUP,
+            ttl_ms={
+                name: int(source.ttl.total_seconds() * 1000) for name, source in self.topology.sources.items()
+            },
+            width=directory.topology_bucket_ms(self.topology),
+            skew=int(self.settings(self.slots[0]).max_clock_skew * 1000),
+            offsets=(int(offsets[0] * 1000), int(offsets[1] * 1000)),
+            refusals=scenario.refusals,
+            boundaries=[boundary.committed for boundary in operators.boundaries],
+            cause_keys=cause_keys,
+        )
+
     def _create_topics(self) -> None:
+        scenario = self.scenario
         for spec in topic_specs(self.topology):
             config = b.TopicConfig()
-            if self.scenario.flavor == "4.x":
+            if scenario.flavor == "4.x":
                 config.timestamp_after_max_ms = 3_600_000  # Kafka 4's default
             raw = spec.configs
             if "max.message.bytes" in raw:
@@ -420,8 +388,20 @@ class World:
                 config.timestamp_after_max_ms = int(raw["message.timestamp.after.max.ms"])
             if "message.timestamp.before.max.ms" in raw:
                 config.timestamp_before_max_ms = int(raw["message.timestamp.before.max.ms"])
-            if self.scenario.small_limits and spec.name != self.topology.topics.input:
+            if scenario.small_limits and spec.name != self.topology.topics.input:
                 config.max_message_bytes = 4096
+            if scenario.mix != "classic" and "retention.ms" in raw:  # the changelogs: deleted by time
+                config.cleanup_policy = raw.get("cleanup.policy", "delete")
+                config.retention_ms = int(raw["retention.ms"])
+                config.segment_bytes = CHANGELOG_SEGMENT_BYTES
+                if scenario.time is not None and scenario.time.log_append_time:
+                    config.timestamp_type = b.LOG_APPEND_TIME
+            if (
+                scenario.redrive is not None
+                and redrive.SIZE in scenario.redrive.causes
+                and spec.name == self.topology.topics.commands
+            ):
+                config.max_message_bytes = min(config.max_message_bytes, redrive.COMMAND_LIMIT)
             self.broker.create_topic(spec.name, spec.partitions, config)
 
     # -- workers ----------------------------------------------------------------------------
@@ -434,13 +414,19 @@ class World:
             **self.scenario.settings,
         )
 
-    def _start(self, slot: Slot) -> None:
-        if slot.running or not slot.wanted:
+    def start(self, slot: Slot) -> None:
+        if (
+            slot.running or not slot.wanted or self.operators.holding
+        ):  # started when the downtime or rescale ends
             return
         slot.incarnations += 1
         process = Process(f"{slot.name}.{slot.incarnations}")
         slot.process = process
-        io = replace(kafka_io(open_store=SimStore.open), consumer=self._consumer_of(worker_consumer))
+        io = replace(
+            kafka_io(open_store=SimStore.open),
+            consumer=self._consumer_of(worker_consumer),
+            wall=lambda: self.loop.wall() + slot.clock_offset,
+        )
         worker = Worker(self.settings(slot), self.topology, io=io)
         process.on_crash.append(worker._dir_lock.release)  # the OS drops a dead process's locks
         slot.worker = worker
@@ -478,7 +464,7 @@ class World:
         if slot.process is process:
             slot.process = None
             if slot.wanted:
-                self.loop.call_later(RESTART_BACKOFF_S, self._start, slot, context=_world())
+                self.loop.call_later(RESTART_BACKOFF_S, self.start, slot, context=_world())
 
     def _before_step(self, process: Process) -> None:
         left = self._crash_in.get(process)
@@ -504,9 +490,18 @@ class World:
                 await asyncio.sleep(wait)
             while self.broker.down:
                 await asyncio.sleep(0.5)
-            timestamp = int(self.loop.wall() * 1000) + delivery.timestamp_skew_ms
+            timestamp = delivery.timestamp_ms
+            if timestamp is None:
+                timestamp = int(self.loop.wall() * 1000) + delivery.timestamp_skew_ms
             raw = plain_batch([(delivery.key, delivery.value, delivery.headers, timestamp)])
-            log = self.broker.log(self.topology.topics.input, delivery.partition)
+            partition = delivery.partition
+            if (
+                self.partitions_now != self.scenario.partitions
+                and delivery.event_key
+                and not delivery.misplaced
+            ):
+                partition = owner_partition(delivery.event_key.encode(), self.partitions_now)  # the new owner
+            log = self.broker.log(self.topology.topics.input, partition)
             if log is None:
                 raise RuntimeError("the input topic is gone")
             [produced] = decode_produced(raw)
@@ -535,16 +530,33 @@ class World:
 
     async def _apply(self, fault: Fault) -> None:
         kind = fault.kind
+        operators = self.operators
+        if kind == redrive.FIX:
+            await operators.fix()
+            return
+        if kind == redrive.REPLAY:
+            await operators.replays(fault)
+            return
+        if kind == RESCALE:
+            await operators.rescale(fault)
+            return
+        if kind == RECONFIGURE:
+            operators.reconfigure(fault)
+            return
+        if kind == timeline.DOWNTIME:
+            await operators.downtime(fault)
+            return
+        if kind == timeline.CLOCK_JUMP:
+            if fault.target < len(self.slots):
+                await operators.clock_jump(self.slots[fault.target], fault)
+            return
         if kind == "join":
             slot = Slot(len(self.slots), self.root / f"w{len(self.slots)}")
             self.slots.append(slot)
-            self._start(slot)
+            self.start(slot)
             return
         if kind == "outage":
-            self.network.outage()
-            await asyncio.sleep(fault.duration)
-            self.network.recover()
-            self.note("broker back")
+            await self.outage(fault.duration)
             return
         if kind == "fence":
             txn_id = self._txn_of_partition(fault.target)
@@ -607,7 +619,7 @@ class World:
         before its SyncGroup has (while it makes the assignment), and started again later."""
         slot = Slot(len(self.slots), self.root / f"w{len(self.slots)}")
         self.slots.append(slot)
-        self._start(slot)
+        self.start(slot)
         group = self.broker.group(GROUP)
         deadline = self.loop.time() + 30.0
         while self.loop.time() < deadline:
@@ -673,14 +685,14 @@ class World:
                 self.problems.extend(self.loop.stacks(process)[:12])
                 self._crash(process)
         slot.wanted = True
-        self._start(slot)
+        self.start(slot)
 
     async def _restart_later(self, slot: Slot, process: Process, delay: float) -> None:
         if slot.process is process:
             slot.process = None
         await asyncio.sleep(delay)
         if slot.wanted and not slot.running:
-            self._start(slot)
+            self.start(slot)
 
     def _plant_foreign_store(self, slot: Slot, how: str) -> None:
         """Put, where one of ``slot``'s stores lives, a store under the same names but from elsewhere:
@@ -739,9 +751,7 @@ class World:
         group = self.broker.group(GROUP)
         if group.state != "stable":
             return False
-        topics = self.topology.topics
-        consumed = [topics.input] + ([topics.effects] if self.scenario.effects else [])
-        for name in consumed:
+        for name in self.consumed_topics():
             for log in self.broker.topics[name].partitions:
                 if log.open_txns or not log.caught_up(group.committed.get((name, log.partition), 0)):
                     return False
@@ -787,9 +797,7 @@ class World:
         lines = []
         group = self.broker.group(GROUP)
         lines.append(f"group {group.state} generation {group.generation} members {sorted(group.members)}")
-        topics = self.topology.topics
-        consumed = [topics.input] + ([topics.effects] if self.scenario.effects else [])
-        for name in consumed:
+        for name in self.consumed_topics():
             topic = self.broker.topics.get(name)
             if topic is None:
                 continue
@@ -814,9 +822,9 @@ def _world() -> Any:
     return contextvars.Context()
 
 
-def run_seed(seed: int, *, keep: Path | None = None) -> Result:
-    """Run one seed in a fresh temporary directory (kept under ``keep`` if given)."""
-    scenario = Scenario.draw(seed)
+def run_seed(seed: int, mix: str = "default", *, keep: Path | None = None) -> Result:
+    """Run one seed of ``mix`` in a fresh temporary directory (kept under ``keep`` if given)."""
+    scenario = Scenario.draw(seed, mix)
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     root = Path(tempfile.mkdtemp(prefix=f"sim-{seed}-", dir=keep or base))
     try:

@@ -1,0 +1,118 @@
+"""The simulation's fault mixes: what a seed's scenario is weighted toward.
+
+A seed is run under a mix (``python -m tests.simulation.run --mix NAME``). Every mix draws
+the same kinds of scenario; a directed mix draws one area's faults and workloads far more
+often, so that a bug of that area is found by many seeds rather than by one in hundreds:
+
+- ``default``: everything, the areas below each in a share of the seeds;
+- ``poison``: poison and fixable records, refused outputs, small topic limits, redrives;
+- ``standby``: standby replicas always, promotions mid-replay, leader kills, crashes, stores
+  lost or foreign;
+- ``time``: short TTLs (an hour, the least a topology takes) with record time running hours
+  in seconds, every worker down for hours then a backlog, clock jumps on one worker, the
+  changelog stamped by the broker (``LogAppendTime``), standbys;
+- ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
+  replay`` runs (the real code, as a process in the world) before and after the fix, two at
+  once, killed or cut off by broker outages, of records older than the TTL;
+- ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
+  and topic configuration changes; not in the suite (docs/reliability.md: what rule 2 of the
+  TTL windows leaves open after a rescale);
+- ``classic``: the scenarios as drawn before these areas existed (the seeds that found holes
+  before them replay under it).
+
+What a mix adds to the classic draw is drawn from generators of its own, so the classic part
+of a seed's scenario is the same under every mix that does not reweight it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tests.simulation.faults import KINDS
+
+
+@dataclass(frozen=True)
+class Mix:
+    """How one mix weights a seed's scenario."""
+
+    name: str
+    time: float = 0.0  # chance of the time scenario (tests/simulation/timeline.py)
+    redrive: float = 0.0  # chance of fixable records and dlq replay runs (tests/simulation/operators.py)
+    rescale: float = 0.0  # chance of a pipeline rescale under load
+    reconfigure: float = 0.0  # chance of topic configuration changes under load
+    poison_per_key: float = 0.0  # poison records per key on top of the classic draw
+    kinds: Mapping[str, float] = field(default_factory=dict)  # fault kinds' weights (empty: uniform)
+    small_limits: float | None = None  # chance of 4 KiB output topics (None: the classic draw)
+    standbys_at_least: int = 0
+    standby_faults_at_least: int = 0
+
+
+MIXES: dict[str, Mix] = {
+    mix.name: mix
+    for mix in (
+        Mix("classic"),
+        Mix("default", time=0.3, redrive=0.2, rescale=0.08, reconfigure=0.15),
+        Mix(
+            "poison",
+            redrive=0.5,
+            reconfigure=0.2,
+            poison_per_key=0.25,
+            kinds={**dict.fromkeys(KINDS, 1.0), "refuse-outputs": 6.0, "disk": 2.0},
+            small_limits=0.5,
+        ),
+        Mix(
+            "standby",
+            time=0.3,
+            kinds={
+                **dict.fromkeys(KINDS, 0.5),
+                "crash": 3.0,
+                "leave": 2.0,
+                "join": 2.0,
+                "foreign-store": 2.0,
+                "pause": 1.5,
+            },
+            standbys_at_least=1,
+            standby_faults_at_least=1,
+        ),
+        Mix(
+            "time",
+            time=1.0,
+            redrive=0.2,
+            reconfigure=0.3,
+            kinds={**dict.fromkeys(KINDS, 1.0), "crash": 2.0, "foreign-store": 2.0, "refuse-outputs": 0.3},
+            standbys_at_least=0,
+        ),
+        Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
+        Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
+    )
+}
+
+#: The share of each mix in a run of many seeds (``--mix suite``, what scripts/test runs): out of 20.
+SUITE: tuple[tuple[str, int], ...] = (
+    ("default", 8),
+    ("poison", 3),
+    ("standby", 3),
+    ("time", 3),
+    ("redrive", 3),
+)
+
+
+def suite(seeds: int, first: int = 0) -> list[tuple[str, int]]:
+    """``seeds`` (mix, seed) pairs, each mix taking its share, the seeds of each counting from ``first``."""
+    total = sum(share for _, share in SUITE)
+    counts = [seeds * share // total for _, share in SUITE]
+    counts[0] += seeds - sum(counts)
+    return [(name, first + n) for (name, _), count in zip(SUITE, counts, strict=True) for n in range(count)]
+
+
+def parse_runs(text: str, mix: str) -> list[tuple[str, int]]:
+    """``--list``: comma-separated seeds, each ``seed`` (under ``mix``) or ``mix:seed``."""
+    runs = []
+    for item in text.split(","):
+        name, _, seed = item.strip().rpartition(":")
+        name = name or mix
+        if name not in MIXES:
+            raise ValueError(f"no mix {name!r} (the mixes: {', '.join(MIXES)})")
+        runs.append((name, int(seed)))
+    return runs

@@ -1,0 +1,305 @@
+"""What the operator does in a seed's world: fixes a cause, runs ``pipeline dlq replay`` and ``pipeline rescale``
+(the real code, each as a process of the world over the simulated network, as the workers are), takes every
+worker down for hours, jumps one worker's clock, and changes topic configurations under load.
+
+What a replay must do is checked here, as it ends: a run that exits 0 has replayed every DLQ
+record its filter takes that was committed before it started (``dlq replay`` reads to the end
+offsets it read first, through outages, never stopping at a silence). What its replays become
+is the oracle's (``tests/simulation/oracle.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import PipelineError
+from pipeline.ops.dlq import replay
+from pipeline.ops.rescale import rescale
+from pipeline.records.dlq import DlqFilter
+from tests.simulation import broker as b
+from tests.simulation import wire
+from tests.simulation.faults import Fault
+from tests.simulation.loop import Process
+from tests.simulation.redrive import COMMAND_LIMIT, SIZE
+from tests.simulation.scenario import GROUP
+
+if TYPE_CHECKING:
+    from tests.simulation.world import Slot, World
+
+BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
+REPLAY_TIMEOUT_S = 60.0  # dlq replay's --timeout (its default)
+LAST_REPLAY_TRIES = 5
+
+
+@dataclass
+class ReplayRun:
+    """One ``dlq replay`` run: when it began, what it had to cover, what it replayed, how it ended."""
+
+    name: str
+    started: float
+    fixed: bool  # began once the fix was complete
+    snapshot: dict[int, int]  # each DLQ partition's last stable offset just before it began
+    replayed: set[str] = field(default_factory=set)  # "<dlq>:<partition>:<offset>" of each record sent
+    outcome: str = "running"
+
+
+@dataclass
+class Boundary:
+    """A rescale: each consumed partition's committed offset once every worker had stopped."""
+
+    committed: dict[tuple[str, int], int]
+    partitions: int  # the count after it
+
+
+class Operators:
+    """The operator's steps in one world."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.fixed = False  # every worker runs with the causes fixed
+        self.fixing = False
+        self.runs: list[ReplayRun] = []
+        self.boundaries: list[Boundary] = []
+        self.down = False  # every worker is down for hours: none starts until it is over
+        self.rescaling = False  # pipeline rescale runs: no worker starts until it is over (its procedure)
+        self._count = 0
+        self._alone = asyncio.Lock()  # a fix, a rescale and a downtime each stop workers: one at a time
+
+    @property
+    def holding(self) -> bool:
+        """Whether no worker may start now (a downtime, or a rescale, whose procedure is that none runs)."""
+        return self.down or self.rescaling
+
+    # -- a fix, and the replays -----------------------------------------------------------
+    async def fix(self) -> None:
+        """Fix the causes: the topology with the source, the command topics' limit back; restart every worker."""
+        world = self.world
+        plan = world.scenario.redrive
+        if plan is None:
+            return
+        async with self._alone:
+            await self._fix(plan.causes)
+
+    async def _fix(self, causes: tuple[str, ...]) -> None:
+        world = self.world
+        self.fixing = True
+        world.use_topology(fixed=True)
+        if SIZE in causes:
+            for name in world.topology.command_topics():
+                world.broker.topics[name].config.max_message_bytes = b.TopicConfig().max_message_bytes
+        world.note("fix: the causes are fixed; restarting the workers one by one")
+        for slot in list(world.slots):
+            process = slot.process
+            if process is not None and process.alive and slot.wanted:
+                await world.restart(slot, process, 0.5)
+        self.fixed = True
+        world.note("fix: every worker runs with the fix")
+
+    async def replays(self, fault: Fault) -> None:
+        """``fault.target`` replay runs at once, each SIGKILLed after ``fault.duration`` seconds if that is set."""
+        runs = [self._replay() for _ in range(max(fault.target, 1))]
+        if fault.steps:  # the broker goes away as the first run begins to read the DLQ
+            self.world.network.on_fetch = (runs[0][1], lambda: self._cut(float(fault.steps)))
+        await asyncio.gather(*(self._watch(run, fault.duration) for run in runs))
+
+    def _cut(self, seconds: float) -> None:
+        world = self.world
+        world.note(f"the broker goes away for {seconds:.0f}s as a replay begins to read")
+        world.loop.spawn(None, world.outage(seconds), "outage")
+
+    async def last_replay(self) -> None:
+        """The replay an operator runs once everything is over: again until it exits 0."""
+        for _ in range(LAST_REPLAY_TRIES):
+            run = self._replay()
+            await self._watch(run, 0.0)
+            if self.runs[-1].outcome.startswith("exit 0"):
+                return
+            await asyncio.sleep(5.0)
+        self.world.problems.append(f"the last dlq replay never exited 0 in {LAST_REPLAY_TRIES} tries")
+
+    def _replay(self) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
+        world = self.world
+        plan = world.scenario.redrive
+        reasons = plan.reasons if plan is not None else frozenset()
+        self._count += 1
+        name = f"replay{self._count}"
+        dlq = world.broker.topics[world.topology.topics.dlq]
+        snapshot = {log.partition: log.lso() for log in dlq.partitions}
+        run = ReplayRun(name, world.loop.time(), self.fixed, snapshot)
+        self.runs.append(run)
+        process = Process(name)
+        world.note(f"{name}: pipeline dlq replay --reason {','.join(sorted(reasons))}")
+        task = world.loop.spawn(process, self._run_replay(run, reasons), name)
+        return run, process, task
+
+    async def _run_replay(self, run: ReplayRun, reasons: frozenset[str]) -> None:
+        world = self.world
+        out = io.StringIO()
+        try:
+            report = await replay(
+                BOOTSTRAP,
+                world.topology,
+                DlqFilter(reasons=reasons),
+                dry_run=False,
+                out=out,
+                timeout=REPLAY_TIMEOUT_S,
+            )
+            run.replayed = {record.where for record in report.records}
+            # as the command: a record it could not rebuild (a truncated body) makes it exit 1
+            run.outcome = (
+                f"exit {1 if report.skipped else 0}: {report.count} replayed, skipped {report.skipped[:3]}"
+            )
+        except PipelineError as exc:
+            run.outcome = f"exit 1: {exc}"
+        except Exception as exc:  # the command would end in a traceback, not one readable line
+            run.outcome = f"crashed: {exc!r}"
+            world.problems.append(f"{run.name}: dlq replay failed with {exc!r}, not one readable line")
+        world.note(f"{run.name} ended: {run.outcome[:300]}")
+        if run.outcome.startswith("exit 0"):
+            self._check_covered(run)
+
+    def _check_covered(self, run: ReplayRun) -> None:
+        """A run that exits 0 replayed every record its filter takes that the DLQ held when it began."""
+        world = self.world
+        plan = world.scenario.redrive
+        reasons = plan.reasons if plan is not None else frozenset()
+        dlq = world.topology.topics.dlq
+        import orjson  # noqa: PLC0415
+
+        for log in world.broker.topics[dlq].partitions:
+            for record in log.committed_records():
+                if record.offset >= run.snapshot.get(log.partition, 0):
+                    break
+                reason = orjson.loads(record.value).get("reason")
+                where = f"{dlq}:{log.partition}:{record.offset}"
+                if reason in reasons and where not in run.replayed:
+                    world.problems.append(
+                        f"{run.name} exited 0 without replaying {where} ({reason}), which the DLQ held when it began"
+                    )
+                    return
+
+    async def _watch(self, started: tuple[ReplayRun, Process, asyncio.Task[Any]], kill_after: float) -> None:
+        run, process, task = started
+        if kill_after:
+            await asyncio.wait({task}, timeout=kill_after)
+            if not task.done():
+                world = self.world
+                world.note(f"{run.name} SIGKILL")
+                world.loop.crash(process)
+                run.outcome = "killed"
+                return
+        while not task.done() and process.alive:
+            await asyncio.sleep(0.25)
+
+    # -- rescale ----------------------------------------------------------------------------
+    async def rescale(self, fault: Fault) -> None:
+        """Every worker stopped (SIGTERM), ``pipeline rescale --partitions N``, the workers started again."""
+        async with self._alone:
+            await self._rescale(fault)
+
+    async def _rescale(self, fault: Fault) -> None:
+        world = self.world
+        self.rescaling = True
+        try:
+            await self._rescale_stopped(fault, await world.stop_workers())
+        finally:
+            self.rescaling = False
+        for slot in world.slots:  # those stopped for it, and any that joined meanwhile
+            world.start(slot)
+
+    async def _rescale_stopped(self, fault: Fault, wanted: list[Slot]) -> None:
+        world = self.world
+        await self._transactions_ended()
+        group = world.broker.group(GROUP)
+        consumed = [t for t in world.consumed_topics() if t in world.broker.topics]
+        committed = {
+            (name, log.partition): group.committed.get((name, log.partition), 0)
+            for name in consumed
+            for log in world.broker.topics[name].partitions
+        }
+        process = Process("rescale")
+        lines: list[str] = []
+        task = world.loop.spawn(process, self._run_rescale(fault.target, lines), "rescale")
+        while not task.done():
+            await asyncio.sleep(0.25)
+        world.note(f"rescale ended: {lines[-1] if lines else '?'}")
+        if lines and lines[-1].startswith("rescaled"):
+            self.boundaries.append(Boundary(committed, fault.target))
+            world.partitions_now = fault.target
+        for slot in wanted:
+            slot.wanted = True
+
+    async def _run_rescale(self, partitions: int, lines: list[str]) -> None:
+        world = self.world
+        for _ in range(20):
+            try:
+                await rescale(
+                    BOOTSTRAP,
+                    world.topology,
+                    partitions=partitions,
+                    group=GROUP,
+                    state_file=world.root / "rescale.json",
+                    progress=lines.append,
+                )
+                return
+            except PipelineError as exc:  # the broker away, a member not gone yet: an operator tries again
+                lines.append(f"failed: {exc}")
+                await asyncio.sleep(2.0)
+
+    async def _transactions_ended(self) -> None:
+        """Wait until no consumed partition holds an open transaction (a killed worker's is aborted by its
+        timeout), so the group's committed offsets say what was handled before the rescale."""
+        world = self.world
+        while any(
+            log.open_txns
+            for name in world.consumed_topics()
+            if name in world.broker.topics
+            for log in world.broker.topics[name].partitions
+        ) or any(t.state in ("prepare_commit", "prepare_abort") for t in world.broker.txns.values()):
+            await asyncio.sleep(0.5)
+
+    # -- time, and configurations --------------------------------------------------------------
+    async def downtime(self, fault: Fault) -> None:
+        """Every worker down (SIGTERM or SIGKILL) for ``fault.duration`` seconds, then started again."""
+        world = self.world
+        async with self._alone:
+            down = await world.stop_workers(kill=fault.detail == "kill")
+            self.down = True
+            world.note(f"downtime: every worker down for {fault.duration / 3600:.1f}h")
+            await asyncio.sleep(fault.duration)
+            self.down = False
+            world.note("downtime over: the workers start again")
+            for slot in world.slots:
+                slot.wanted = slot.wanted or slot in down
+                world.start(slot)
+
+    async def clock_jump(self, slot: Slot, fault: Fault) -> None:
+        """``slot``'s wall clock steps by ``fault.detail`` seconds, and back after ``fault.duration`` (if set)."""
+        slot.clock_offset = float(fault.detail)
+        self.world.note(f"{slot.name}'s clock is now {slot.clock_offset:+.0f}s off")
+        if fault.duration:
+            await asyncio.sleep(fault.duration)
+            slot.clock_offset = 0.0
+            self.world.note(f"{slot.name}'s clock is right again")
+
+    def reconfigure(self, fault: Fault) -> None:
+        """A topic configuration changed while the workers run."""
+        world = self.world
+        topics = world.topology.topics
+        changelogs = [topics.changelog] + ([topics.effects_changelog] if world.scenario.effects else [])
+        if fault.detail in ("log-append-time", "create-time"):
+            kind = b.LOG_APPEND_TIME if fault.detail == "log-append-time" else "CreateTime"
+            for name in changelogs:
+                world.broker.topics[name].config.timestamp_type = kind
+        elif fault.detail == "limits-up":
+            for name in world.topology.command_topics():
+                config = world.broker.topics[name].config
+                config.max_message_bytes = max(config.max_message_bytes, b.TopicConfig().max_message_bytes)
+        elif fault.detail == "limits-down":  # the workers learn it from the broker's refusals
+            for name in world.topology.command_topics():
+                world.broker.topics[name].config.max_message_bytes = COMMAND_LIMIT
+                world.broker.topics[name].reconfigured = True
+        world.note(f"reconfigure: {fault.detail}")

@@ -1,0 +1,73 @@
+"""The fault mixes draw what they are for: each directed mix its area in every seed (or the share it says), the
+classic mix the scenarios as before, and ``--mix suite`` each mix's share of a run."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tests.simulation import redrive, timeline
+from tests.simulation.faults import RESCALE, STANDBY_KINDS
+from tests.simulation.mixes import MIXES, parse_runs, suite
+from tests.simulation.scenario import Scenario
+
+SEEDS = range(150)
+
+
+def _kinds(scenario: Scenario) -> set[str]:
+    return {fault.kind for fault in scenario.faults}
+
+
+def test_each_directed_mix_draws_its_area_in_its_seeds() -> None:
+    """time: a time plan in every seed, and downtimes, record time running ahead and clock jumps among them;
+    redrive: a fix and replays in every seed; standby: standbys and a standby fault in every seed; poison: more
+    poison than the classic draw."""
+    time = [Scenario.draw(seed, "time") for seed in SEEDS]
+    assert all(s.time is not None for s in time)
+    assert sum(timeline.DOWNTIME in _kinds(s) for s in time) > 30
+    assert sum(s.time is not None and s.time.span_ms > 0 for s in time) > 60
+    assert sum(timeline.CLOCK_JUMP in _kinds(s) for s in time) > 30
+    drives = [Scenario.draw(seed, "redrive") for seed in SEEDS]
+    assert all(s.redrive is not None and {redrive.FIX, redrive.REPLAY} <= _kinds(s) for s in drives)
+    standby = [Scenario.draw(seed, "standby") for seed in SEEDS]
+    assert all(s.settings["standby_replicas"] >= 1 and _kinds(s) & set(STANDBY_KINDS) for s in standby)
+    poison = Counter(
+        d.poison is not None for seed in SEEDS for d in Scenario.draw(seed, "poison").workload.deliveries
+    )
+    classic = Counter(
+        d.poison is not None for seed in SEEDS for d in Scenario.draw(seed, "classic").workload.deliveries
+    )
+    assert poison[True] > 2 * classic[True]
+
+
+def test_the_classic_mix_adds_nothing_and_the_others_keep_its_draws() -> None:
+    """Under the classic mix no seed has a time plan, a redrive or a rescale; a seed that draws none of the
+    default mix's areas has the very scenario it has under the classic mix."""
+    same = 0
+    for seed in SEEDS:
+        classic = Scenario.draw(seed, "classic")
+        assert classic.time is None
+        assert classic.redrive is None
+        assert RESCALE not in _kinds(classic)
+        default = Scenario.draw(seed, "default")
+        if default.time is None and default.redrive is None and not default.changes:
+            assert default.describe().replace("default mix", "classic mix") == classic.describe()
+            same += 1
+    assert same > 30
+
+
+def test_a_suite_gives_each_mix_its_share() -> None:
+    """500 seeds of the suite: 200 of the default mix and 75 of each directed one, each mix's from seed 0; a
+    list names seeds by mix."""
+    runs = suite(500)
+    assert len(runs) == 500
+    assert Counter(mix for mix, _ in runs) == {
+        "default": 200,
+        "poison": 75,
+        "standby": 75,
+        "time": 75,
+        "redrive": 75,
+    }
+    assert ("time", 0) in runs
+    assert ("time", 74) in runs
+    assert parse_runs("classic:187,12", "time") == [("classic", 187), ("time", 12)]
+    assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive", "rescale"}
