@@ -3,8 +3,8 @@
 The seeds that found a defect or a hole (``tests/simulation/defects.py`` as recorded in
 docs/reliability.md, and ``FOUND``) come first; then, from seeds ``--first``..``--last`` (0-99), the
 seed that covers the most lines of ``pipeline/worker``, ``pipeline/state`` and
-``pipeline/kafka`` not yet covered, again and again, until ``--count`` seeds are chosen (a greedy
-set cover of line coverage). Prints the seeds, comma-separated, and what each one added.
+``pipeline/kafka`` not yet covered, again and again, until a seed adds no line or ``--count`` seeds are chosen
+(a greedy set cover of line coverage). Prints the seeds, comma-separated, and what each one added.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     while len(chosen) < args.count:
         best = max((s for s in seeds if s not in chosen), key=lambda s: (len(lines[s] - have), -s))
         gain = len(lines[best] - have)
+        if gain == 0:  # every line any of them reaches is reached
+            break
         chosen.append(best)
         have |= lines[best]
         print(f"seed {best}: +{gain} lines ({len(have)})")
