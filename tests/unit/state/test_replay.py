@@ -14,7 +14,7 @@ from aiokafka.record.util import calc_crc32c
 
 from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
-from pipeline.state.replay import Replay, last_seen
+from pipeline.state.replay import Replay, expires_at, last_seen
 from pipeline.state.store import PartitionStore
 
 HOUR = 3_600_000
@@ -94,3 +94,10 @@ def test_last_seen_is_read_from_an_encoded_entry_and_falls_back_to_decoding() ->
     """The scan finds ``last_seen`` in Entry.encode's layout; another layout is decoded."""
     assert last_seen(_entry(T0 + 5).encode()) == T0 + 5
     assert last_seen(b'{"l": 7, "f": 1, "x": 2, "p": 0, "o": 0}') == 7
+
+
+def test_expires_at_is_read_from_an_encoded_entry_and_falls_back_to_decoding() -> None:
+    """The scan finds ``expires_at`` in Entry.encode's layout; another layout is decoded."""
+    assert expires_at(_entry(T0 + 5, ttl=HOUR).encode()) == T0 + 5 + HOUR
+    assert expires_at(b'{"x": 2, "l": 7, "f": 1, "p": 0, "o": 0}') == 2
+    assert expires_at(b'{"l": 7, "f": 1, "p": 0, "o": 0, "x": 9}') == 9
