@@ -235,3 +235,48 @@ async def test_an_output_its_topic_would_refuse_for_its_timestamp_is_stamped_now
     assert [(key, ts) for key, ts, _ in stamped] == [(b"a", now), (b"b", now + HOUR // 2)]
     assert stamped[0][2] == [("original-timestamp", str(now + 24 * HOUR).encode())]
     assert stamped[1][2] == []
+
+
+@pytest.mark.parametrize(
+    ("offset", "kept"),
+    [
+        (
+            -24 * HOUR + 300_000,
+            True,
+        ),  # the oldest the topic takes, less the margin for the trip to the broker
+        (-24 * HOUR + 299_999, False),  # inside that margin: the broker could refuse it on arrival
+        (-24 * HOUR - 299_999, False),
+        (HOUR, True),  # the newest the topic takes
+        (HOUR + 1, False),
+    ],
+    ids=["oldest-kept", "inside-the-margin", "past-before-max", "newest-kept", "past-after-max"],
+)
+async def test_an_outputs_timestamp_is_kept_exactly_within_its_topics_bounds(
+    store: PartitionStore, offset: int, kept: bool
+) -> None:
+    """A topic taking records a day old to an hour ahead: a timestamp is kept up to each bound (the old one
+    less five minutes), and stamped now past it."""
+    producer = StandInProducer(store)
+    now = 1_800_000_000_000
+    ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now + offset)
+    ckpt.consumed(1)
+    await ckpt.txn.commit()
+    [(_, timestamp, _)] = producer.records["commands"]
+    assert timestamp == (now + offset if kept else now)
+
+
+async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_topics_bounds(
+    store: PartitionStore,
+) -> None:
+    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now."""
+    producer = StandInProducer(store)
+    now = 1_800_000_000_000
+    ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
+    await ckpt.begin()
+    ckpt.restamp = True
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now - HOUR)
+    ckpt.consumed(1)
+    await ckpt.txn.commit()
+    assert producer.records["commands"] == [(b"a", now, [("original-timestamp", str(now - HOUR).encode())])]
