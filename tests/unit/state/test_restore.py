@@ -1,12 +1,20 @@
-"""The restore's fast read of ``expires_at`` out of an encoded entry, and its fallback."""
+"""The restore service: its fast read of ``expires_at`` out of an encoded entry (and its fallback), a standby's rounds."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.record.memory_records import MemoryRecords
 
+from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
-from pipeline.state.restore import expires_at
+from pipeline.state.restore import RestoreBudget, Restorer, expires_at
+from pipeline.state.store import PartitionStore
+from tests.unit.state.test_replay import CHANGELOG, DAY, HOUR, T0, _batch
 
 
 def test_expires_at_is_read_from_an_encoded_entry() -> None:
@@ -26,3 +34,55 @@ def test_a_value_that_is_not_an_entry_raises_value_error() -> None:
     """Garbage in the changelog is reported, not stored under a made-up bucket."""
     with pytest.raises(ValueError, match="not a seen-set entry"):
         expires_at(b"not json")
+
+
+class StandbyReader:
+    """A changelog reader over one batch of ``count`` records at offset 0 of ``CHANGELOG`` (its end: ``count``),
+    noting how much of ``budget`` is free while it fetches."""
+
+    fetch_bytes = 1_000
+
+    def __init__(self, raw: bytes, count: int, budget: RestoreBudget) -> None:
+        self.raw, self.count, self.budget = raw, count, budget
+        self.free_while_fetching: list[int] = []
+
+    async def start(self) -> None:
+        """Nothing to connect to."""
+
+    async def stop(self) -> None:
+        """Nothing to close."""
+
+    async def end(self, tp: TopicPartition) -> int:
+        return {CHANGELOG: self.count}[tp]
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        self.free_while_fetching.append(self.budget._free)
+        records = MemoryRecords(self.raw) if tp == CHANGELOG and position < self.count else None
+        return RawFetch(records, [], None)
+
+    async def refresh(self) -> None:
+        """Nothing to refresh."""
+
+
+async def test_a_standby_round_replays_its_changelog_to_the_end_quietly_holding_a_fetch_of_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One round applies what the changelog has, to its end, holding one fetch's bytes of the budget while it
+    reads and logging nothing (a standby's rounds are many); the next round, with nothing new, applies nothing."""
+    budget = RestoreBudget(10_000)
+    entries = [(key, Entry(T0, T0 + DAY, 0, 0, last_seen=T0)) for key in (b"a", b"b")]
+    reader = StandbyReader(_batch(entries, stamped=T0), len(entries), budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "standby", bucket_ms=HOUR, follow=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.state"):
+            assert await restorer.catch_up(store, CHANGELOG) == (2, 2)
+        assert store.changelog_offset == 1
+        assert store.stream_time == T0
+        assert reader.free_while_fetching == [10_000 - reader.fetch_bytes]
+        assert budget._free == 10_000
+        assert caplog.records == []
+        assert await restorer.catch_up(store, CHANGELOG) == (0, 2)
+    finally:
+        store.close()
+        await restorer.close()
