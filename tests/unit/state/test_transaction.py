@@ -280,3 +280,20 @@ async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_to
     ckpt.consumed(1)
     await ckpt.txn.commit()
     assert producer.records["commands"] == [(b"a", now, [("original-timestamp", str(now - HOUR).encode())])]
+
+
+async def test_a_partition_is_in_the_transaction_from_the_first_record_taken_before_any_is_handled(
+    store: PartitionStore,
+) -> None:
+    """Records from offset 7 taken (a chunk that may still fail): the part holds the transaction from 7, which
+    an abort rewinds to; handling them keeps that first offset."""
+    ckpt = _checkpoint(StandInProducer(store), store)
+    await ckpt.begin()
+    assert not ckpt.in_transaction
+    ckpt.taken(7)
+    assert ckpt.in_transaction
+    assert ckpt.first_offset == 7
+    ckpt.consumed(7)
+    ckpt.taken(8)
+    ckpt.consumed(8)
+    assert (ckpt.first_offset, ckpt.next_offset, ckpt.records) == (7, 9, 2)
