@@ -123,13 +123,44 @@ def test_a_commit_forgets_the_poison_behind_it_and_the_last_refusal() -> None:
     """Poison records before the committed end are forgotten, later ones kept; a commit with no end keeps them."""
     tracker = PoisonTracker("raw-0")
     tracker.handler_failed(3, "handler-failed", "a")
-    tracker.handler_failed(9, "handler-failed", "b")
+    tracker.handler_failed(4, "handler-failed", "b")
     tracker.committed(None)
-    assert sorted(tracker.poison) == [3, 9]
-    tracker.committed(4)
-    assert sorted(tracker.poison) == [9]
+    assert sorted(tracker.poison) == [3, 4]
+    tracker.committed(4)  # up to 4, exclusive
+    assert sorted(tracker.poison) == [4]
     refused = RecordTooLargeError()
     tracker.commit_failed(20, 4, refused)
     tracker.committed(None)
     assert tracker.commit_failed(20, 4, refused) is None
     assert _limit(tracker) is None  # the refusal before the commit is forgotten: redone whole once more
+
+
+def test_a_bisection_after_a_slow_start_that_ended_is_not_a_slow_start() -> None:
+    """Grown back to full transactions after an isolated record, a new refusal bisects as a first one does:
+    halves committed keep their size until past the batch that failed."""
+    tracker = PoisonTracker("raw-0")
+    refused = RecordTooLargeError()
+    for count in (2, 2, 1):
+        tracker.commit_failed(10, count, refused)
+    tracker.committed(11)
+    assert _limit(tracker) is None
+    tracker.commit_failed(30, 8, refused)
+    tracker.commit_failed(30, 8, refused)
+    tracker.committed(34)
+    assert _limit(tracker) == 4
+
+
+def test_the_error_a_poison_record_carries_is_cut_at_1000_characters() -> None:
+    """However long the broker's error, the poison record's error text (its DLQ record's) is 1000 characters."""
+    refused = RecordTooLargeError("x" * 3000)
+    timestamp = InvalidTimestampError("y" * 3000)
+    unproducible, restamped, dlq = PoisonTracker("a"), PoisonTracker("b"), PoisonTracker("c")
+    for tracker, cause in ((unproducible, refused), (restamped, timestamp)):
+        tracker.limit = 1
+        tracker.commit_failed(10, 1, cause)
+    dlq.handler_failed(10, "handler-failed", "boom")
+    dlq.limit = 1
+    line = dlq.commit_failed(10, 1, refused)
+    assert [len(unproducible.poison[10].error), len(restamped.poison[10].error), len(line or "")] == [
+        1000
+    ] * 3
