@@ -48,6 +48,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
 STATUS.update(dict.fromkeys((36, -24, 24, 152, 255), "timeout"))
 STATUS.update({37: "type check", -11: "crashed", -9: "crashed"})
 DETECTED = {"killed", "timeout", "crashed", "type check"}
+ALIVE = {"survived", "no tests", "suspicious"}
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         help="go on with the run's mutants and results (the tests as they are now)",
     )
     parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="with --resume: run the surviving mutants again (after adding the tests that should kill them)",
+    )
+    parser.add_argument(
         "--report", action="store_true", help="only print and write the report of the results"
     )
     args = parser.parse_args(argv)
@@ -313,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, PYTHONHASHSEED="0", MUTATION_SEEDS=",".join(map(str, seeds)))
         os.environ.update(env)
         names = _names_in_lines(work, only) if any(o.first or o.last < 1 << 30 for o in only) else []
+        if args.rerun_survivors:
+            alive = [m for m in _mutants(work, files) if _wanted(m, only) and m.status in ALIVE]
+            names = [m.name for m in alive]
+            if not names:
+                print("no surviving mutant to run again")
         print(
             f"mutating {len(files)} files in {work}; tests: {' '.join(tests)}; {len(seeds)} seeds", flush=True
         )
