@@ -8,8 +8,10 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.memory_records import MemoryRecords
 
+from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget, Restorer, expires_at
@@ -83,6 +85,73 @@ async def test_a_standby_round_replays_its_changelog_to_the_end_quietly_holding_
         assert budget._free == 10_000
         assert caplog.records == []
         assert await restorer.catch_up(store, CHANGELOG) == (0, 2)
+    finally:
+        store.close()
+        await restorer.close()
+
+
+class Gauge:
+    """A gauge child that keeps every value it was set to."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def set(self, value: float) -> None:
+        self.values.append(value)
+
+
+class SplitReader(StandbyReader):
+    """``count`` records at offsets 0.., each in a batch of its own, one batch per fetch; its log end is ``count``."""
+
+    def __init__(self, keys: list[bytes], budget: RestoreBudget, *, down: bool = False) -> None:
+        self.batches = [
+            _batch([(key, Entry(T0, T0 + DAY, 0, 0, last_seen=T0))], stamped=T0, base_offset=offset)
+            for offset, key in enumerate(keys)
+        ]
+        super().__init__(b"", len(keys), budget)
+        self.down = down
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        if self.down:
+            raise KafkaConnectionError("broker down")
+        return {CHANGELOG: self.count}[tp]
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        records = MemoryRecords(self.batches[position]) if position < self.count else None
+        return RawFetch(records, [], None)
+
+
+async def test_a_restore_replays_to_the_log_end_and_reports_what_is_left_as_it_goes(tmp_path: Path) -> None:
+    """Three records, one per fetch: all applied, the gauge of records left goes 2, 1, 0 (and 0 at the end)."""
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a", b"b", b"c"], budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    left = Gauge()
+    try:
+        assert await restorer.restore(store, CHANGELOG, remaining=left) == 3  # type: ignore[arg-type]
+        assert left.values == [2, 1, 0, 0]
+        assert sorted(store.get_many([b"a", b"b", b"c"])) == [b"a", b"b", b"c"]
+        again = Gauge()
+        assert await restorer.restore(store, CHANGELOG, remaining=again) == 0  # type: ignore[arg-type]
+        assert again.values == [0]
+        assert await restorer.restore(store, CHANGELOG) == 0
+    finally:
+        store.close()
+        await restorer.close()
+
+
+async def test_a_restore_that_cannot_reach_the_broker_is_broker_unavailable_naming_the_changelog(
+    tmp_path: Path,
+) -> None:
+    """aiokafka's connection error becomes BrokerUnavailableError, with the changelog and the cause."""
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a"], budget, down=True)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    try:
+        with pytest.raises(BrokerUnavailableError, match=r"restore .*app-seen-changelog.*broker down"):
+            await restorer.restore(store, CHANGELOG)
     finally:
         store.close()
         await restorer.close()

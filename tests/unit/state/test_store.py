@@ -431,3 +431,16 @@ def test_an_entry_that_cannot_be_decoded_is_corruption(tmp_path: Path) -> None:
             store.get_many([b"k"])
     finally:
         store.close()
+
+
+def test_a_stores_disk_bytes_are_the_sizes_of_all_its_files(tmp_path: Path) -> None:
+    """The gauge of a store's size adds up every file under its directory, in every subdirectory."""
+    store = _open(tmp_path / "p")
+    try:
+        (tmp_path / "p" / "extra").mkdir()
+        (tmp_path / "p" / "extra" / "blob").write_bytes(b"x" * 1234)
+        files = [f for f in (tmp_path / "p").rglob("*") if f.is_file()]
+        assert store.disk_bytes() == sum(f.stat().st_size for f in files)
+        assert store.disk_bytes() >= 1234
+    finally:
+        store.close()

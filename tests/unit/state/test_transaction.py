@@ -289,11 +289,30 @@ async def test_a_partition_is_in_the_transaction_from_the_first_record_taken_bef
     an abort rewinds to; handling them keeps that first offset."""
     ckpt = _checkpoint(StandInProducer(store), store)
     await ckpt.begin()
-    assert not ckpt.in_transaction
+    before = ckpt.in_transaction
     ckpt.taken(7)
-    assert ckpt.in_transaction
-    assert ckpt.first_offset == 7
+    assert (before, ckpt.in_transaction, ckpt.first_offset) == (False, True, 7)
     ckpt.consumed(7)
     ckpt.taken(8)
     ckpt.consumed(8)
     assert (ckpt.first_offset, ckpt.next_offset, ckpt.records) == (7, 9, 2)
+
+
+async def test_a_transaction_is_due_at_max_records_or_at_its_interval_and_never_when_none_is_open(
+    store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Due once it holds ``max_records`` input records, or once ``interval`` has passed since it opened, to the
+    bound inclusive; no transaction open, nothing is due."""
+    clock = [100.0]
+    monkeypatch.setattr("pipeline.state.transaction.time.monotonic", lambda: clock[0])
+    ckpt = _checkpoint(StandInProducer(store), store)
+    assert not ckpt.txn.due(interval=0.0, max_records=0)
+    await ckpt.begin()
+    ckpt.consumed(1)
+    ckpt.consumed(2)
+    assert not ckpt.txn.due(interval=1.0, max_records=3)
+    assert ckpt.txn.due(interval=1.0, max_records=2)
+    clock[0] = 100.5
+    assert not ckpt.txn.due(interval=1.0, max_records=3)
+    clock[0] = 101.0
+    assert ckpt.txn.due(interval=1.0, max_records=3)
