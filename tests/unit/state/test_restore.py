@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -153,5 +154,42 @@ async def test_a_restore_that_cannot_reach_the_broker_is_broker_unavailable_nami
         with pytest.raises(BrokerUnavailableError, match=r"restore .*app-seen-changelog.*broker down"):
             await restorer.restore(store, CHANGELOG)
     finally:
+        store.close()
+        await restorer.close()
+
+
+async def test_a_standby_round_waits_while_a_restore_waits_for_the_budget(tmp_path: Path) -> None:
+    """A restore waiting for bytes of the budget goes first: a standby's round does not fetch, though bytes
+    for it are free, until no restore waits."""
+    budget = RestoreBudget(2_000)
+    entries = [(b"a", Entry(T0, T0 + DAY, 0, 0, last_seen=T0))]
+    reader = StandbyReader(_batch(entries, stamped=T0), 1, budget)
+    reader.fetch_bytes = 500
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "standby", bucket_ms=HOUR, follow=True)
+    holding, release_holding = asyncio.Event(), asyncio.Event()
+    waiting, release_waiting = asyncio.Event(), asyncio.Event()
+
+    async def restore(size: int, entered: asyncio.Event, release: asyncio.Event) -> None:
+        async with budget.hold(size):
+            entered.set()
+            await release.wait()
+
+    first = asyncio.create_task(restore(1_500, holding, release_holding))
+    await holding.wait()
+    second = asyncio.create_task(restore(1_000, waiting, release_waiting))  # waits: 500 free
+    round_ = asyncio.create_task(restorer.catch_up(store, CHANGELOG))
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert reader.free_while_fetching == []  # 500 free, but a restore waits
+        release_holding.set()
+        await waiting.wait()
+        release_waiting.set()
+        assert await asyncio.wait_for(round_, 5) == (1, 1)
+        await asyncio.gather(first, second)
+    finally:
+        for task in (first, second, round_):
+            task.cancel()
         store.close()
         await restorer.close()
