@@ -122,16 +122,22 @@ class SplitReader(StandbyReader):
         return RawFetch(records, [], None)
 
 
-async def test_a_restore_replays_to_the_log_end_and_reports_what_is_left_as_it_goes(tmp_path: Path) -> None:
-    """Three records, one per fetch: all applied, the gauge of records left goes 2, 1, 0 (and 0 at the end)."""
+async def test_a_restore_replays_to_the_log_end_and_reports_what_is_left_as_it_goes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three records, one per fetch: all applied, the gauge of records left goes 2, 1, 0 (and 0 at the end),
+    and a progress line comes as often as ``progress_every`` (the worker's ``restore_progress_every``) says."""
     budget = RestoreBudget(10_000)
     reader = SplitReader([b"a", b"b", b"c"], budget)
     restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
     store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
     left = Gauge()
     try:
-        assert await restorer.restore(store, CHANGELOG, remaining=left) == 3  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, logger="pipeline.state.replay"):
+            applied = await restorer.restore(store, CHANGELOG, progress_every=0.0, remaining=left)  # type: ignore[arg-type]
+        assert applied == 3
         assert left.values == [2, 1, 0, 0]
+        assert sum("offsets, " in r.getMessage() for r in caplog.records) == 3
         assert sorted(store.get_many([b"a", b"b", b"c"])) == [b"a", b"b", b"c"]
         again = Gauge()
         assert await restorer.restore(store, CHANGELOG, remaining=again) == 0  # type: ignore[arg-type]
