@@ -142,7 +142,7 @@ class TruncatedReader:
         return RawFetch(MemoryRecords(self.raw) if position < self.end else None, [], None)
 
     async def beginning(self, tp: TopicPartition) -> int:
-        return self.start
+        return {CHANGELOG: self.start}[tp]
 
     async def refresh(self) -> None:
         """Nothing to refresh."""
