@@ -235,6 +235,15 @@ def test_the_previous_versions_fingerprint_is_blake2b_of_the_body_without_its_vo
     assert decision.blake_fingerprint(body, STRIPE_VOLATILE) == decision.BLAKE_FINGERPRINT + expected
 
 
+def test_the_oldest_fingerprint_is_blake2b_of_the_event_with_sorted_keys_without_its_volatile_fields() -> (
+    None
+):
+    """``normalised_fingerprint`` still gives what entries written before body fingerprints hold, bit for bit."""
+    event = {"type": "a.b", "pending_webhooks": 3, "id": "evt_1"}
+    expected = hashlib.blake2b(b'{"id":"evt_1","type":"a.b"}', digest_size=8).hexdigest()
+    assert decision.normalised_fingerprint(event, ["pending_webhooks"]) == expected
+
+
 @pytest.mark.parametrize("kind", ["raw", "blake", "normalised"])
 def test_a_copy_is_fingerprinted_by_the_kind_its_entry_holds(kind: str) -> None:
     """A retry matches the stored fingerprint of every kind; a changed body matches none."""

@@ -307,3 +307,26 @@ def test_reopening_checks_the_identity_again(tmp_path: Path) -> None:
     with pytest.raises(StoreIdentityError):
         directory.reopen(store, identity=OURS._replace(partition=3), follow=False)
     assert store.closed
+
+
+def test_a_topologys_stores_have_buckets_a_tenth_of_its_largest_ttl() -> None:
+    """The default topology's largest TTL is 91 days: every store's buckets are 9.1 days wide."""
+    topology = load(TOPOLOGY_PATH)
+    assert topology.max_ttl.days == 91
+    assert directory.topology_bucket_ms(topology) == 91 * 24 * HOUR // 10
+
+
+def test_the_stores_on_disk_report_their_changelog_positions_and_a_missing_state_dir_none(
+    tmp_path: Path,
+) -> None:
+    """Each store of the topology and group on disk gives its changelog offset; no directory, no stores."""
+    topology = load(TOPOLOGY_PATH)
+    identity = OURS._replace(app=topology.app)
+    assert directory.stored_positions(tmp_path / "nothing", topology, "group", {"raw": identity}) == {}
+    for partition, offset in ((0, 4), (2, 9)):
+        path = directory.store_path(tmp_path, topology, "group", TopicPartition("raw", partition))
+        store = PartitionStore.open(path, bucket_ms=HOUR, identity=identity._replace(partition=partition))
+        store.write({}, changelog_offset=offset, stream_time=0)
+        store.close()
+    found = directory.stored_positions(tmp_path, topology, "group", {"raw": identity})
+    assert found == {TopicPartition("raw", 0): 4, TopicPartition("raw", 2): 9}

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import OffsetOutOfRangeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
 
+from pipeline.errors import StoreStaleError
 from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
-from pipeline.state.replay import Replay, last_seen
+from pipeline.state.replay import Replay, expires_at, last_seen
 from pipeline.state.store import PartitionStore
 
 HOUR = 3_600_000
@@ -25,7 +28,9 @@ LOG_APPEND_TIME = 0x08  # attributes bit 3: the broker stamped the batch
 ATTRIBUTES_OFFSET, MAX_TIMESTAMP_OFFSET, CRC_OFFSET = 21, 35, 17
 
 
-def _batch(entries: list[tuple[bytes, Entry]], *, stamped: int, log_append_time: bool) -> bytes:
+def _batch(
+    entries: list[tuple[bytes, Entry]], *, stamped: int, log_append_time: bool = False, base_offset: int = 0
+) -> bytes:
     """One v2 batch of changelog records stamped ``stamped``; with ``log_append_time`` as a broker with
     ``message.timestamp.type=LogAppendTime`` writes it (the type bit set, max timestamp the append time)."""
     builder = DefaultRecordBatchBuilder(
@@ -45,6 +50,7 @@ def _batch(entries: list[tuple[bytes, Entry]], *, stamped: int, log_append_time:
         struct.pack_into(">h", raw, ATTRIBUTES_OFFSET, attributes)
         struct.pack_into(">q", raw, MAX_TIMESTAMP_OFFSET, stamped)
         struct.pack_into(">I", raw, CRC_OFFSET, calc_crc32c(bytes(raw[ATTRIBUTES_OFFSET:])))
+    struct.pack_into(">q", raw, 0, base_offset)  # outside the CRC
     return bytes(raw)
 
 
@@ -66,6 +72,14 @@ class OneBatchReader:
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened = PartitionStore.open(tmp_path / "p0", bucket_ms=HOUR, follow=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[PartitionStore]:
+    """A store opened to be served (read), as a restore before serving has it."""
+    opened = PartitionStore.open(tmp_path / "p1", bucket_ms=HOUR)
     yield opened
     opened.close()
 
@@ -94,3 +108,71 @@ def test_last_seen_is_read_from_an_encoded_entry_and_falls_back_to_decoding() ->
     """The scan finds ``last_seen`` in Entry.encode's layout; another layout is decoded."""
     assert last_seen(_entry(T0 + 5).encode()) == T0 + 5
     assert last_seen(b'{"l": 7, "f": 1, "x": 2, "p": 0, "o": 0}') == 7
+
+
+def test_expires_at_is_read_from_an_encoded_entry_and_falls_back_to_decoding() -> None:
+    """The scan finds ``expires_at`` in Entry.encode's layout; another layout is decoded."""
+    assert expires_at(_entry(T0 + 5, ttl=HOUR).encode()) == T0 + 5 + HOUR
+    assert expires_at(b'{"x": 2, "l": 7, "f": 1, "p": 0, "o": 0}') == 2
+    assert expires_at(b'{"l": 7, "f": 1, "p": 0, "o": 0, "x": 9}') == 9
+
+
+async def test_a_fetch_that_begins_inside_a_batch_applies_its_records_from_the_position_on(
+    served: PartitionStore,
+) -> None:
+    """The store holds offsets 0-1 and the fetch hands back the batch of offsets 0-3: only 2 and 3 are applied."""
+    served.write_raw([], changelog_offset=1, stream_time=0)
+    entries = [(key, _entry(T0)) for key in (b"a", b"b", b"c", b"d")]
+    reader = OneBatchReader(_batch(entries, stamped=T0), len(entries))
+    replay = Replay(served, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    assert await replay.run(len(entries)) == 2
+    assert sorted(served.get_many([b"a", b"b", b"c", b"d"])) == [b"c", b"d"]
+    assert served.changelog_offset == 3
+
+
+class TruncatedReader:
+    """A changelog whose records before ``start`` were deleted (retention): a fetch there is out of range."""
+
+    def __init__(self, raw: bytes, start: int, end: int) -> None:
+        self.raw, self.start, self.end = raw, start, end
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        if position < self.start:
+            return RawFetch(None, [], OffsetOutOfRangeError)
+        return RawFetch(MemoryRecords(self.raw) if position < self.end else None, [], None)
+
+    async def beginning(self, tp: TopicPartition) -> int:
+        return {CHANGELOG: self.start}[tp]
+
+    async def refresh(self) -> None:
+        """Nothing to refresh."""
+
+
+async def test_a_store_behind_the_changelogs_log_start_replays_from_the_log_start(
+    served: PartitionStore,
+) -> None:
+    """The store's next offset (1) fell out of retention, the log starts at 2: the replay goes on from 2."""
+    served.write_raw([], changelog_offset=0, stream_time=0)
+    raw = _batch([(b"c", _entry(T0)), (b"d", _entry(T0))], stamped=T0, base_offset=2)
+    replay = Replay(served, TruncatedReader(raw, start=2, end=4), CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    assert await replay.run(4) == 2
+    assert sorted(served.get_many([b"c", b"d"])) == [b"c", b"d"]
+    assert served.changelog_offset == 3
+
+
+async def test_a_fetch_out_of_range_at_the_log_start_means_the_store_is_beyond_the_changelogs_end(
+    store: PartitionStore,
+) -> None:
+    """Out of range while the log starts at the store's next offset: the log was truncated under it (stale)."""
+    store.write_raw([], changelog_offset=1, stream_time=0)
+    reader = TruncatedReader(b"", start=2, end=2)  # the fetch at 2 is refused, yet the log starts there
+
+    async def refused(tp: TopicPartition, position: int) -> RawFetch:
+        await asyncio.sleep(0.01)  # a round trip: the timeout below can end a replay that asks forever
+        return RawFetch(None, [], OffsetOutOfRangeError)
+
+    reader.fetch = refused  # type: ignore[method-assign]
+    replay = Replay(store, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    with pytest.raises(StoreStaleError, match="offset 2 is beyond the changelog's end"):
+        async with asyncio.timeout(5):  # skipping to where it stands would fetch the same refusal forever
+            await replay.run(5)

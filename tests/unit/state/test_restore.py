@@ -1,12 +1,23 @@
-"""The restore's fast read of ``expires_at`` out of an encoded entry, and its fallback."""
+"""The restore service: its fast read of ``expires_at`` out of an encoded entry (and its fallback), a standby's rounds."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from pathlib import Path
+
 import orjson
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.record.memory_records import MemoryRecords
 
+from pipeline.errors import BrokerUnavailableError
+from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
-from pipeline.state.restore import expires_at
+from pipeline.state.restore import RestoreBudget, Restorer, expires_at
+from pipeline.state.store import PartitionStore
+from tests.unit.state.test_replay import CHANGELOG, DAY, HOUR, T0, _batch
 
 
 def test_expires_at_is_read_from_an_encoded_entry() -> None:
@@ -26,3 +37,165 @@ def test_a_value_that_is_not_an_entry_raises_value_error() -> None:
     """Garbage in the changelog is reported, not stored under a made-up bucket."""
     with pytest.raises(ValueError, match="not a seen-set entry"):
         expires_at(b"not json")
+
+
+class StandbyReader:
+    """A changelog reader over one batch of ``count`` records at offset 0 of ``CHANGELOG`` (its end: ``count``),
+    noting how much of ``budget`` is free while it fetches."""
+
+    fetch_bytes = 1_000
+
+    def __init__(self, raw: bytes, count: int, budget: RestoreBudget) -> None:
+        self.raw, self.count, self.budget = raw, count, budget
+        self.free_while_fetching: list[int] = []
+
+    async def start(self) -> None:
+        """Nothing to connect to."""
+
+    async def stop(self) -> None:
+        """Nothing to close."""
+
+    async def end(self, tp: TopicPartition) -> int:
+        return {CHANGELOG: self.count}[tp]
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        self.free_while_fetching.append(self.budget._free)
+        records = MemoryRecords(self.raw) if tp == CHANGELOG and position < self.count else None
+        return RawFetch(records, [], None)
+
+    async def refresh(self) -> None:
+        """Nothing to refresh."""
+
+
+async def test_a_standby_round_replays_its_changelog_to_the_end_quietly_holding_a_fetch_of_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One round applies what the changelog has, to its end, holding one fetch's bytes of the budget while it
+    reads and logging nothing (a standby's rounds are many); the next round, with nothing new, applies nothing."""
+    budget = RestoreBudget(10_000)
+    entries = [(key, Entry(T0, T0 + DAY, 0, 0, last_seen=T0)) for key in (b"a", b"b")]
+    reader = StandbyReader(_batch(entries, stamped=T0), len(entries), budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "standby", bucket_ms=HOUR, follow=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.state"):
+            assert await restorer.catch_up(store, CHANGELOG) == (2, 2)
+        assert store.changelog_offset == 1
+        assert store.stream_time == T0
+        assert reader.free_while_fetching == [10_000 - reader.fetch_bytes]
+        assert budget._free == 10_000
+        assert caplog.records == []
+        assert await restorer.catch_up(store, CHANGELOG) == (0, 2)
+    finally:
+        store.close()
+        await restorer.close()
+
+
+class Gauge:
+    """A gauge child that keeps every value it was set to."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def set(self, value: float) -> None:
+        self.values.append(value)
+
+
+class SplitReader(StandbyReader):
+    """``count`` records at offsets 0.., each in a batch of its own, one batch per fetch; its log end is ``count``."""
+
+    def __init__(self, keys: list[bytes], budget: RestoreBudget, *, down: bool = False) -> None:
+        self.batches = [
+            _batch([(key, Entry(T0, T0 + DAY, 0, 0, last_seen=T0))], stamped=T0, base_offset=offset)
+            for offset, key in enumerate(keys)
+        ]
+        super().__init__(b"", len(keys), budget)
+        self.down = down
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        if self.down:
+            raise KafkaConnectionError("broker down")
+        return {CHANGELOG: self.count}[tp]
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        records = MemoryRecords(self.batches[position]) if position < self.count else None
+        return RawFetch(records, [], None)
+
+
+async def test_a_restore_replays_to_the_log_end_and_reports_what_is_left_as_it_goes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three records, one per fetch: all applied, the gauge of records left goes 2, 1, 0 (and 0 at the end),
+    and a progress line comes as often as ``progress_every`` (the worker's ``restore_progress_every``) says."""
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a", b"b", b"c"], budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    left = Gauge()
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.state.replay"):
+            applied = await restorer.restore(store, CHANGELOG, progress_every=0.0, remaining=left)  # type: ignore[arg-type]
+        assert applied == 3
+        assert left.values == [2, 1, 0, 0]
+        assert sum("offsets, " in r.getMessage() for r in caplog.records) == 3
+        assert sorted(store.get_many([b"a", b"b", b"c"])) == [b"a", b"b", b"c"]
+        again = Gauge()
+        assert await restorer.restore(store, CHANGELOG, remaining=again) == 0  # type: ignore[arg-type]
+        assert again.values == [0]
+        assert await restorer.restore(store, CHANGELOG) == 0
+    finally:
+        store.close()
+        await restorer.close()
+
+
+async def test_a_restore_that_cannot_reach_the_broker_is_broker_unavailable_naming_the_changelog(
+    tmp_path: Path,
+) -> None:
+    """aiokafka's connection error becomes BrokerUnavailableError, with the changelog and the cause."""
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a"], budget, down=True)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    try:
+        with pytest.raises(BrokerUnavailableError, match=r"restore .*app-seen-changelog.*broker down"):
+            await restorer.restore(store, CHANGELOG)
+    finally:
+        store.close()
+        await restorer.close()
+
+
+async def test_a_standby_round_waits_while_a_restore_waits_for_the_budget(tmp_path: Path) -> None:
+    """A restore waiting for bytes of the budget goes first: a standby's round does not fetch, though bytes
+    for it are free, until no restore waits."""
+    budget = RestoreBudget(2_000)
+    entries = [(b"a", Entry(T0, T0 + DAY, 0, 0, last_seen=T0))]
+    reader = StandbyReader(_batch(entries, stamped=T0), 1, budget)
+    reader.fetch_bytes = 500
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "standby", bucket_ms=HOUR, follow=True)
+    holding, release_holding = asyncio.Event(), asyncio.Event()
+    waiting, release_waiting = asyncio.Event(), asyncio.Event()
+
+    async def restore(size: int, entered: asyncio.Event, release: asyncio.Event) -> None:
+        async with budget.hold(size):
+            entered.set()
+            await release.wait()
+
+    first = asyncio.create_task(restore(1_500, holding, release_holding))
+    await holding.wait()
+    second = asyncio.create_task(restore(1_000, waiting, release_waiting))  # waits: 500 free
+    round_ = asyncio.create_task(restorer.catch_up(store, CHANGELOG))
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert reader.free_while_fetching == []  # 500 free, but a restore waits
+        release_holding.set()
+        await waiting.wait()
+        release_waiting.set()
+        assert await asyncio.wait_for(round_, 5) == (1, 1)
+        await asyncio.gather(first, second)
+    finally:
+        for task in (first, second, round_):
+            task.cancel()
+        store.close()
+        await restorer.close()

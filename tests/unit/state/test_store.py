@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,7 +224,9 @@ def test_a_path_that_is_a_file_is_unusable(tmp_path: Path) -> None:
     with pytest.raises(StoreUnusableError) as caught:
         _open(path)
     assert caught.value.retriable
-    with pytest.raises(StoreUnusableError):
+    with pytest.raises(
+        StoreUnusableError, match=f"store {re.escape(str(path))} is not a directory; not wiping it"
+    ):
         PartitionStore.wipe(path)
     assert path.read_text() == "not a store"
 
@@ -275,6 +279,16 @@ def test_write_failures_from_the_disk_are_unusable() -> None:
     assert type(full) is StoreUnusableError
     other = classify_write_failure(Path("/s"), Exception("Invalid argument: batch"), "write")
     assert type(other) is StoreError
+    assert str(full) == "store /s: write failed: IO error: No space left on device"
+    assert str(other) == "store /s: write failed: Invalid argument: batch"
+
+
+def test_an_identity_describes_itself_in_one_line_with_unknown_fields_as_question_marks() -> None:
+    """Every field by name, one space apart; an empty one (a store of an older format) is '?'."""
+    assert IDENTITY.describe() == (
+        "app=webhooks group=workers topic=webhooks.raw partition=3 changelog=webhooks-seen-changelog"
+        " cluster=? changelog_id=?"
+    )
 
 
 def test_wipe_deletes_a_store(tmp_path: Path) -> None:
@@ -290,9 +304,43 @@ def test_wipe_refuses_a_directory_that_is_not_a_store(tmp_path: Path) -> None:
     path = tmp_path / "p"
     path.mkdir()
     (path / "precious.txt").write_text("keep me")
-    with pytest.raises(StoreUnusableError):
+    with pytest.raises(
+        StoreUnusableError, match=r"does not look like a store \(no CURRENT file\); not wiping it"
+    ):
         PartitionStore.wipe(path)
     assert (path / "precious.txt").read_text() == "keep me"
+
+
+def test_wipe_says_which_store_it_could_not_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store directory that cannot be listed is StoreUnusableError naming it and the OS error; nothing is deleted."""
+    path = tmp_path / "p"
+    path.mkdir()
+
+    def unreadable(self: Path) -> Iterator[Path]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "iterdir", unreadable)
+    with pytest.raises(
+        StoreUnusableError, match=f"store {re.escape(str(path))} cannot be listed: .*Permission denied"
+    ):
+        PartitionStore.wipe(path)
+    assert path.is_dir()
+
+
+def test_wipe_says_which_store_it_could_not_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete that fails (a busy or read-only disk) is StoreUnusableError naming the store and the OS error."""
+    store = _open(tmp_path / "p")
+    store.close()
+
+    def busy(path: Path) -> None:
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(shutil, "rmtree", busy)
+    with pytest.raises(
+        StoreUnusableError,
+        match=f"store {re.escape(str(tmp_path / 'p'))} could not be wiped: .*resource busy",
+    ):
+        PartitionStore.wipe(tmp_path / "p")
 
 
 class _FailingDb:
@@ -381,5 +429,18 @@ def test_an_entry_that_cannot_be_decoded_is_corruption(tmp_path: Path) -> None:
         store._buckets[bucket][b"k"] = b"garbage"
         with pytest.raises(StoreCorruptError):
             store.get_many([b"k"])
+    finally:
+        store.close()
+
+
+def test_a_stores_disk_bytes_are_the_sizes_of_all_its_files(tmp_path: Path) -> None:
+    """The gauge of a store's size adds up every file under its directory, in every subdirectory."""
+    store = _open(tmp_path / "p")
+    try:
+        (tmp_path / "p" / "extra").mkdir()
+        (tmp_path / "p" / "extra" / "blob").write_bytes(b"x" * 1234)
+        files = [f for f in (tmp_path / "p").rglob("*") if f.is_file()]
+        assert store.disk_bytes() == sum(f.stat().st_size for f in files)
+        assert store.disk_bytes() >= 1234
     finally:
         store.close()

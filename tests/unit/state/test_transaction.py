@@ -235,3 +235,84 @@ async def test_an_output_its_topic_would_refuse_for_its_timestamp_is_stamped_now
     assert [(key, ts) for key, ts, _ in stamped] == [(b"a", now), (b"b", now + HOUR // 2)]
     assert stamped[0][2] == [("original-timestamp", str(now + 24 * HOUR).encode())]
     assert stamped[1][2] == []
+
+
+@pytest.mark.parametrize(
+    ("offset", "kept"),
+    [
+        (
+            -24 * HOUR + 300_000,
+            True,
+        ),  # the oldest the topic takes, less the margin for the trip to the broker
+        (-24 * HOUR + 299_999, False),  # inside that margin: the broker could refuse it on arrival
+        (-24 * HOUR - 299_999, False),
+        (HOUR, True),  # the newest the topic takes
+        (HOUR + 1, False),
+    ],
+    ids=["oldest-kept", "inside-the-margin", "past-before-max", "newest-kept", "past-after-max"],
+)
+async def test_an_outputs_timestamp_is_kept_exactly_within_its_topics_bounds(
+    store: PartitionStore, offset: int, kept: bool
+) -> None:
+    """A topic taking records a day old to an hour ahead: a timestamp is kept up to each bound (the old one
+    less five minutes), and stamped now past it."""
+    producer = StandInProducer(store)
+    now = 1_800_000_000_000
+    ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now + offset)
+    ckpt.consumed(1)
+    await ckpt.txn.commit()
+    [(_, timestamp, _)] = producer.records["commands"]
+    assert timestamp == (now + offset if kept else now)
+
+
+async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_topics_bounds(
+    store: PartitionStore,
+) -> None:
+    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now."""
+    producer = StandInProducer(store)
+    now = 1_800_000_000_000
+    ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
+    await ckpt.begin()
+    ckpt.restamp = True
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=now - HOUR)
+    ckpt.consumed(1)
+    await ckpt.txn.commit()
+    assert producer.records["commands"] == [(b"a", now, [("original-timestamp", str(now - HOUR).encode())])]
+
+
+async def test_a_partition_is_in_the_transaction_from_the_first_record_taken_before_any_is_handled(
+    store: PartitionStore,
+) -> None:
+    """Records from offset 7 taken (a chunk that may still fail): the part holds the transaction from 7, which
+    an abort rewinds to; handling them keeps that first offset."""
+    ckpt = _checkpoint(StandInProducer(store), store)
+    await ckpt.begin()
+    before = ckpt.in_transaction
+    ckpt.taken(7)
+    assert (before, ckpt.in_transaction, ckpt.first_offset) == (False, True, 7)
+    ckpt.consumed(7)
+    ckpt.taken(8)
+    ckpt.consumed(8)
+    assert (ckpt.first_offset, ckpt.next_offset, ckpt.records) == (7, 9, 2)
+
+
+async def test_a_transaction_is_due_at_max_records_or_at_its_interval_and_never_when_none_is_open(
+    store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Due once it holds ``max_records`` input records, or once ``interval`` has passed since it opened, to the
+    bound inclusive; no transaction open, nothing is due."""
+    clock = [100.0]
+    monkeypatch.setattr("pipeline.state.transaction.time.monotonic", lambda: clock[0])
+    ckpt = _checkpoint(StandInProducer(store), store)
+    assert not ckpt.txn.due(interval=0.0, max_records=0)
+    await ckpt.begin()
+    ckpt.consumed(1)
+    ckpt.consumed(2)
+    assert not ckpt.txn.due(interval=1.0, max_records=3)
+    assert ckpt.txn.due(interval=1.0, max_records=2)
+    clock[0] = 100.5
+    assert not ckpt.txn.due(interval=1.0, max_records=3)
+    clock[0] = 101.0
+    assert ckpt.txn.due(interval=1.0, max_records=3)
