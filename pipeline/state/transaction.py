@@ -19,7 +19,7 @@ producer, which has the same transactional id, or the transaction timeout); a cr
 a store error, after it leaves a store behind its changelog, which a restore repairs.
 
 What each call raises (the transaction is over, aborted or committed, whenever one of them
-raises, and every part is reset):
+raises, and every part is reset; only :class:`CommitUncertainError` leaves which one unknown):
 
 - :class:`~pipeline.errors.ProducerFencedError`, :class:`~pipeline.errors.ProducerUnusableError`:
   this producer is done (the caller replaces it);
@@ -27,6 +27,11 @@ raises, and every part is reset):
   of the generation its offsets carry (taken as the transaction opened): aborted, and the worker rejoins;
 - :class:`TransactionFailedError`: the broker refused the transaction, which was aborted:
   redo its records;
+- :class:`CommitUncertainError`: the commit (``EndTxn``) was sent and no answer says whether it
+  took: the producer was fenced or died meanwhile, or the abort after it was refused. A new
+  producer's ``InitProducerId`` completes a commit the broker had begun, so the transaction may
+  have committed: its records must not be redone from memory; the tasks in it are reopened from
+  the group's committed offsets and their changelogs;
 - a part's :class:`~pipeline.errors.StoreError` after the Kafka commit is not raised but
   returned in :class:`Committed`: that part's store is behind, the others are written.
 """
@@ -44,7 +49,14 @@ from typing import Any, Protocol
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import GroupGenerationFencedError, IllegalTransitionError, PipelineError, StoreError
+from pipeline.errors import (
+    GroupGenerationFencedError,
+    IllegalTransitionError,
+    PipelineError,
+    ProducerFencedError,
+    ProducerUnusableError,
+    StoreError,
+)
 from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
@@ -74,6 +86,28 @@ class TransactionFailedError(PipelineError):
 
     retriable = True
     reason = "transaction-failed"
+
+
+class CommitUncertainError(PipelineError):
+    """The commit was sent and the transaction may have committed or not (see the module docstring).
+
+    ``fenced``: the producer was fenced (the worker also rejoins its group). Its ``__cause__`` is
+    the error that left the outcome unknown.
+    """
+
+    retriable = True
+    reason = "commit-uncertain"
+
+    def __init__(self, message: str, *, fenced: bool) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+
+
+def _uncertain(failure: BaseException, last: BaseException) -> CommitUncertainError:
+    """The error for a commit sent whose outcome ``failure`` (and ``last``, the abort's refusal) left unknown."""
+    return CommitUncertainError(
+        f"the commit was sent and may have taken: {failure}", fenced=isinstance(last, ProducerFencedError)
+    )
 
 
 class TxnState(StrEnum):
@@ -286,17 +320,29 @@ class Transaction:
             return committed
         self._move(TxnState.COMMITTING)
         parts = list(self.parts.values())
+        ending = False  # EndTxn sent: from here a failure leaves the outcome unknown
         try:
             await self._flush()
             offsets = {p.tp: p.next_offset for p in parts if p.next_offset is not None}
             if offsets and self._member is not None:
                 await self.producer.send_offsets(offsets, self._member)
+            ending = True
             await self.producer.commit()
         except KafkaError as exc:
-            await self.abort()
+            try:
+                await self.abort()  # accepted: the broker had not begun a commit
+            except (ProducerFencedError, ProducerUnusableError) as refused:
+                if ending:
+                    raise _uncertain(exc, refused) from refused
+                raise
             raise TransactionFailedError(f"transaction aborted: {exc!r}") from exc
         except GroupGenerationFencedError:
             await self.abort()  # the broker holds it open, abortable: only an abort ends it
+            raise
+        except (ProducerFencedError, ProducerUnusableError) as exc:
+            self._reset()
+            if ending:
+                raise _uncertain(exc, exc) from exc
             raise
         except BaseException:
             self._reset()

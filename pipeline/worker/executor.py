@@ -44,7 +44,7 @@ from pipeline.errors import (
     ProducerUnusableError,
     StoreError,
 )
-from pipeline.state.transaction import Transaction, TransactionFailedError
+from pipeline.state.transaction import CommitUncertainError, Transaction, TransactionFailedError
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.poison import RECORD_ERRORS
 from pipeline.worker.settings import WorkerSettings
@@ -163,39 +163,65 @@ class TaskExecutor:
         return settings.commit_interval - age
 
     async def commit(self, tasks: Tasks) -> Outcome:
-        """Commit the open transaction; on a failure, the tasks in it go back to their first record."""
+        """Commit the open transaction; on a failure, the tasks in it go back to their first record (or
+        reopen, when it may have committed: :meth:`_not_committed`)."""
         txn = self.txn
         outcome = Outcome()
         if not txn.open:
             return outcome
         held = {tp: (p.first_offset, p.records, p.next_offset) for tp, p in txn.parts.items()}
-        starts = {tp: first for tp, (first, _, _) in held.items() if first is not None}
         began = time.perf_counter()
         try:
             committed = await txn.commit()
-        except TransactionFailedError as exc:
-            outcome.rewind = starts
-            outcome.fatal = self._refused(exc, held, tasks)
-            outcome.replace_producer = txn.producer.needs_replacing
-            return outcome
-        except GroupGenerationFencedError as exc:
-            log.warning("%s; aborted, rejoining the group", exc)
-            outcome.rewind, outcome.rejoin = starts, True
-            return outcome
-        except ProducerFencedError as exc:
-            log.warning("%s; aborted, starting a new producer and rejoining the group", exc)
-            outcome.rewind, outcome.replace_producer, outcome.rejoin = starts, True, True
-            return outcome
-        except ProducerUnusableError as exc:
-            log.warning("%s; aborted, starting a new producer", exc)
-            outcome.rewind, outcome.replace_producer = starts, True
-            return outcome
+        except (
+            TransactionFailedError,
+            CommitUncertainError,
+            GroupGenerationFencedError,
+            ProducerFencedError,
+            ProducerUnusableError,
+        ) as exc:
+            return self._not_committed(exc, held, tasks)
         self.metrics.commit_seconds.observe(time.perf_counter() - began)
         for tp, result in committed.parts.items():
             task = tasks.get(tp)
             if task is not None:
                 task.committed(result, held[tp][2])
         self.suspects = [tp for tp in self.suspects if tp not in committed.parts]
+        return outcome
+
+    def _not_committed(
+        self,
+        exc: PipelineError,
+        held: dict[TopicPartition, tuple[int | None, int, int | None]],
+        tasks: Tasks,
+    ) -> Outcome:
+        """What a commit that raised asks: its tasks back at their first record in it (it was aborted), or,
+        when it may have committed, reopened; a new producer, a rejoin, or a stop, as the error says."""
+        starts = {tp: first for tp, (first, _, _) in held.items() if first is not None}
+        outcome = Outcome()
+        if isinstance(exc, CommitUncertainError):
+            # its records must not be redone from here: each task reopens at the group's committed
+            # offset, its store restored from its changelog (both hold the commit if it took)
+            log.warning("%s; reopening %s from the group's committed offsets", exc, _names(held))
+            for tp in held:
+                task = tasks.get(tp)
+                if task is not None:
+                    task.broken(exc)
+            outcome.replace_producer, outcome.rejoin = True, exc.fenced
+            return outcome
+        outcome.rewind = starts
+        if isinstance(exc, TransactionFailedError):
+            outcome.fatal = self._refused(exc, held, tasks)
+            outcome.replace_producer = self.txn.producer.needs_replacing
+        elif isinstance(exc, GroupGenerationFencedError):
+            log.warning("%s; aborted, rejoining the group", exc)
+            outcome.rejoin = True
+        elif isinstance(exc, ProducerFencedError):
+            log.warning("%s; aborted, starting a new producer and rejoining the group", exc)
+            outcome.replace_producer, outcome.rejoin = True, True
+        else:
+            log.warning("%s; aborted, starting a new producer", exc)
+            outcome.replace_producer = True
         return outcome
 
     def _refused(

@@ -10,17 +10,22 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import InvalidTxnState, KafkaTimeoutError, ProducerFenced
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
-from pipeline.errors import RecordTooLargeError, StoreError
+from pipeline.errors import ProducerFencedError, RecordTooLargeError, StoreError
 from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.store import PartitionStore
-from pipeline.state.transaction import PartCommitted, Transaction, TransactionFailedError
+from pipeline.state.transaction import (
+    CommitUncertainError,
+    PartCommitted,
+    Transaction,
+    TransactionFailedError,
+)
 
 HOUR = 3_600_000
 CHANGELOG = TopicPartition("changelog", 0)
@@ -34,9 +39,16 @@ class _Sent:
 class StandInProducer:
     """aiokafka's real batch builder; transaction calls that record what happened (no broker)."""
 
-    def __init__(self, store: PartitionStore, *, fail_commit: bool = False) -> None:
+    def __init__(
+        self,
+        store: PartitionStore,
+        *,
+        fail_commit: bool = False,
+        errors: Mapping[str, BaseException] | None = None,
+    ) -> None:
         self.store = store
         self.fail_commit = fail_commit
+        self.errors = dict(errors or {})  # call ("offsets", "commit", "abort") -> the error it raises
         self.calls: list[str] = []
         self.sent: list[tuple[str, int, int]] = []  # topic, partition, records
         self.store_had_key_at_commit: bool | None = None
@@ -62,15 +74,21 @@ class StandInProducer:
 
     async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group: str) -> None:
         self.calls.append(f"offsets {group} {next(iter(offsets.values()))}")
+        if "offsets" in self.errors:
+            raise self.errors["offsets"]
 
     async def commit_transaction(self) -> None:
         self.store_had_key_at_commit = bool(self.store.get_many([b"k"]))
         self.calls.append("commit")
         if self.fail_commit:
             raise KafkaTimeoutError
+        if "commit" in self.errors:
+            raise self.errors["commit"]
 
     async def abort_transaction(self) -> None:
         self.calls.append("abort")
+        if "abort" in self.errors:
+            raise self.errors["abort"]
 
 
 @pytest.fixture
@@ -140,6 +158,45 @@ async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: Part
     assert store.get_many([b"k"]) == {}
     assert ckpt.lookup([b"k"]) == {}
     assert store.changelog_offset == -1
+
+
+@pytest.mark.parametrize(
+    ("errors", "fenced"),
+    [
+        ({"commit": ProducerFenced()}, True),  # a new producer's InitProducerId completes a begun commit
+        ({"commit": KafkaTimeoutError(), "abort": InvalidTxnState()}, False),  # the commit had begun
+        ({"commit": KafkaTimeoutError(), "abort": ProducerFenced()}, True),
+    ],
+    ids=["fenced-at-commit", "abort-refused", "fenced-at-abort"],
+)
+async def test_a_commit_sent_and_not_answered_leaves_its_outcome_unknown(
+    store: PartitionStore, errors: dict[str, BaseException], *, fenced: bool
+) -> None:
+    """EndTxn sent, then a fence or an abort the broker refuses: the transaction may have committed, so
+    CommitUncertainError (never "aborted, redo"), the store untouched, every part reset."""
+    producer = StandInProducer(store, errors=errors)
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    _stage_one(ckpt)
+    with pytest.raises(CommitUncertainError) as failed:
+        await ckpt.txn.commit()
+    assert failed.value.fenced is fenced
+    assert "commit" in producer.calls
+    assert store.get_many([b"k"]) == {}
+    assert not ckpt.txn.open
+
+
+async def test_a_fence_before_the_commit_is_sent_is_a_fence_not_an_unknown_outcome(
+    store: PartitionStore,
+) -> None:
+    """Fenced as the offsets are sent: EndTxn never went, nothing can have committed; ProducerFencedError."""
+    producer = StandInProducer(store, errors={"offsets": ProducerFenced()})
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    _stage_one(ckpt)
+    with pytest.raises(ProducerFencedError):
+        await ckpt.txn.commit()
+    assert "commit" not in producer.calls
 
 
 async def test_staging_a_key_emits_its_changelog_record(store: PartitionStore) -> None:

@@ -213,6 +213,7 @@ class FakeProducer:
         self.transactional_id = transactional_id
         self.calls: list[str] = []
         self.fail: dict[str, list[BaseException]] = defaultdict(list)  # call -> errors for its next calls
+        self.fail_after: dict[str, list[BaseException]] = defaultdict(list)  # the same, raised once it took
         self.fail_send_if: Failure | None = None  # given the batch's records
         self.fail_commit_if: Failure | None = None  # given the transaction's records
         self.on_commit: Callable[[], None] | None = None  # runs as commit_transaction starts
@@ -238,6 +239,7 @@ class FakeProducer:
         """Take over from ``earlier`` (same transactional id): one broker's view, the same failures to come."""
         self.calls = earlier.calls
         self.fail = earlier.fail
+        self.fail_after = earlier.fail_after
         self.fail_send_if = earlier.fail_send_if
         self.fail_commit_if = earlier.fail_commit_if
         self.committed = earlier.committed
@@ -329,6 +331,9 @@ class FakeProducer:
         self.committed.extend(self.pending)
         self.offsets.extend(self._pending_offsets)
         self._end()
+        lost = self.fail_after.get("commit")
+        if lost:  # the broker committed; its answer never came (a fence, the producer dying)
+            raise lost.pop(0)
 
     async def abort_transaction(self) -> None:
         self.calls.append("abort")

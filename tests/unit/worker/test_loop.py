@@ -445,6 +445,26 @@ async def test_a_fenced_producer_is_replaced_and_the_worker_rejoins_its_group(st
     await w.stop()
 
 
+async def test_a_fence_answering_a_commit_that_took_reopens_the_partition_and_redoes_nothing(
+    start_worker: Starter,
+) -> None:
+    """The broker committed, then the producer learned it was fenced (seed 23108): the partition reopens from
+    its committed offset, so each record has one command, and no second transaction commits its offsets."""
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail_after["commit"].append(ProducerFenced())
+    # the group coordinator's view: the fake consumer's committed offsets follow the commit that takes
+    w.producer.on_commit = lambda: w.consumer.committed_offsets.update(
+        {tp: offset for tp, offset, _ in w.producer._pending_offsets}
+    )
+    w.run()
+    await eventually(lambda: w.clients.group.rejoins == 1, what="the rejoin")
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving, what="the reopen")
+    await asyncio.sleep(0.2)
+    assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == keys_for(0, 2)
+    assert w.producer.offsets == [(TP0, 2, GROUP)]
+    await w.stop()
+
+
 async def test_the_loop_yields_every_cycle_so_a_commit_runs_while_records_wait(start_worker: Starter) -> None:
     """A partition held at its bisecting limit with records queued: the loop still yields, so the due commit runs
     (a fetch that does not wait never yields in aiokafka: the worker spun forever)."""

@@ -511,8 +511,8 @@ async def test_a_retriable_commit_failure_is_redone_and_never_bisects_or_dlqs(
 # -- fenced, broken ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("at", ["begin", "commit"])
-async def test_a_fence_at_begin_or_commit_aborts_and_asks_for_a_new_producer_and_a_rejoin(
+@pytest.mark.parametrize("at", ["begin", "offsets"])
+async def test_a_fence_before_the_commit_is_sent_aborts_and_asks_for_a_new_producer_and_a_rejoin(
     open_partition: Opener, at: str
 ) -> None:
     """ProducerFenced (the broker timed the transaction out, or another process took the id): nothing committed,
@@ -528,6 +528,27 @@ async def test_a_fence_at_begin_or_commit_aborts_and_asks_for_a_new_producer_and
     assert len(asked) == 1
     assert asked[0].rejoin
     assert h.task().state is S.READY
+    assert not h.txn.open
+
+
+@pytest.mark.parametrize("took", [True, False], ids=["commit-took", "commit-lost"])
+async def test_a_fence_as_the_commit_is_answered_reopens_the_task_instead_of_redoing_its_records(
+    open_partition: Opener, *, took: bool
+) -> None:
+    """Fenced once EndTxn was sent (seed 23108): the commit may have taken, so the records are not redone from
+    memory; the task is BROKEN (reopened from the group's committed offset and its changelog), no seek, and a
+    new producer and a rejoin are asked."""
+    h = await open_partition()
+    (h.producer.fail_after if took else h.producer.fail)["commit"].append(ProducerFenced())
+    h.feed(records(0, 10, K[:2]))
+    await h.work()
+    await h.commit()
+    assert h.producer.committed_offset() == (12 if took else None)
+    assert h.seeks == []
+    assert h.task().state is S.BROKEN
+    asked = [o for o in h.outcomes if o.replace_producer]
+    assert len(asked) == 1
+    assert asked[0].rejoin
     assert not h.txn.open
 
 
@@ -638,7 +659,8 @@ async def test_a_producer_gone_fatal_is_replaced_and_nothing_is_committed(
     open_partition: Opener, at: str
 ) -> None:
     """aiokafka asserts on its state machine once its sender died: a new producer is asked for, nothing committed
-    or claimed, the task back at its first record and still READY."""
+    or claimed; at begin the task goes back to its first record, still READY; at the commit, where a sender
+    dying may have sent EndTxn first, it is reopened (BROKEN) from the group's committed offset."""
     h = await open_partition()
     h.producer.fail[at].append(AssertionError(FATAL))
     h.feed(records(0, 10, K[:2]))
@@ -648,9 +670,13 @@ async def test_a_producer_gone_fatal_is_replaced_and_nothing_is_committed(
     assert h.producer.committed == []
     assert h.producer.offsets == []
     assert _claimed(h, *K[:2]) == set()
-    assert h.seeks == [(TP0, 10)]
     assert not h.txn.open
-    assert h.task().state is S.READY
+    if at == "begin":
+        assert h.seeks == [(TP0, 10)]
+        assert h.task().state is S.READY
+    else:
+        assert h.seeks == []
+        assert h.task().state is S.BROKEN
 
 
 def _events(h: Any) -> dict[str, float]:
