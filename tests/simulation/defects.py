@@ -224,6 +224,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    16: (
+        "a commit sent and answered with a fence is taken for aborted, and its records redone (issue 36)",
+        [
+            (
+                "state/transaction.py",
+                "            ending = True\n",
+                "            ending = False\n",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

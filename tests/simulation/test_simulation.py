@@ -109,6 +109,10 @@ FOUND: dict[tuple[str, int], str] = {
         "classic",
         5842,
     ): "an opening whose fence timed out in an outage died unnoticed: the partition stayed unserved (issue 36)",
+    (
+        "classic",
+        23108,
+    ): "a commit the broker completed, answered with a fence, was taken for aborted and redone (issue 36)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
