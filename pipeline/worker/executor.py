@@ -158,9 +158,22 @@ class TaskExecutor:
         if any(task.at_limit for task in members) or txn.records >= settings.max_batch:
             return 0.0
         age = time.monotonic() - txn.opened_at
-        if settings.commit_policy == "caught-up" and all(t.caught_up and not t.queue for t in members):
+        if self._caught_up(members):
             return min(settings.commit_linger, settings.commit_interval) - age
         return settings.commit_interval - age
+
+    def lingering(self, tasks: Tasks) -> bool:
+        """Whether the open transaction waits out its linger: every task in it caught up (policy
+        ``caught-up``), not yet due. Records that come meanwhile wait for its end (one fetch takes them all)."""
+        due_in = self.due_in(tasks)
+        if due_in is None or due_in <= 0:
+            return False
+        return self._caught_up([tasks[tp] for tp in self.txn.parts if tp in tasks])
+
+    def _caught_up(self, members: list[ActiveTask]) -> bool:
+        return self.settings.commit_policy == "caught-up" and all(
+            t.caught_up and not t.queue for t in members
+        )
 
     async def commit(self, tasks: Tasks) -> Outcome:
         """Commit the open transaction; on a failure, the tasks in it go back to their first record (or

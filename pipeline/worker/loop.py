@@ -289,7 +289,9 @@ class Worker:
         if due_in is not None:  # a fetch never outwaits the open transaction's commit
             wait = max(min(wait, int(due_in * 1000)), 0)
         hurry = self._stopping.is_set() or table.failure is not None
-        batches = await self._fetch.next(consumer, wait, hurry=hurry)
+        # a lingering transaction takes what came during its linger in one fetch, not a cycle per record
+        gather = not hurry and wait > 0 and executor.lingering(table.tasks)
+        batches = await self._fetch.next(consumer, wait, hurry=hurry, gather=gather)
         async with self._lock:
             table.feed(batches)
             await self._settle(await executor.process(table.tasks))

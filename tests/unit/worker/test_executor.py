@@ -145,3 +145,27 @@ async def test_offsets_the_group_refuses_abort_the_transaction_and_ask_for_a_rej
     assert harness.producer.committed == []
     assert harness.producer.calls[-1] == "abort"
     assert harness.seeks == [(tp(0), 0)]
+
+
+@pytest.mark.parametrize(("policy", "lingers"), [("caught-up", True), ("interval", False)])
+async def test_a_caught_up_transaction_lingers_until_it_is_due(
+    tmp_path: Path, policy: str, *, lingers: bool
+) -> None:
+    """Policy caught-up: once every task in the open transaction is caught up it lingers (the loop gathers
+    what comes meanwhile) until commit_linger has passed; never with no transaction open, never under a backlog."""
+    h = Harness(tmp_path, {"commit_policy": policy, "commit_linger": 0.05})
+    try:
+        await h.open(0)
+        assert not h.executor.lingering(h.tasks)  # none open
+        h.feed(records(0, 0, A[:2]))
+        await h.work()
+        assert h.executor.txn.open
+        task = h.task()
+        task.caught_up = False
+        assert not h.executor.lingering(h.tasks)  # more records to come
+        task.caught_up = True
+        assert h.executor.lingering(h.tasks) is lingers
+        h.executor.txn.opened_at -= 0.05  # the linger has passed: due, no more waiting
+        assert not h.executor.lingering(h.tasks)
+    finally:
+        h.close()

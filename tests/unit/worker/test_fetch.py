@@ -86,3 +86,68 @@ async def test_a_partition_moved_while_its_fetch_waited_unread_loses_what_that_f
     await asyncio.sleep(0.01)  # the pending getmany returned; nobody read it yet
     fetch.forget(tp(0))
     assert await fetch.next(consumer, 0) == {tp(1): ["fine"]}
+
+
+class _BufferingConsumer:
+    """aiokafka's background fetcher: records arrive in a buffer; getmany hands out what is buffered, at once
+    when there is any (its timeout only bounds a wait for the first)."""
+
+    def __init__(self) -> None:
+        self.buffer: list[str] = []
+        self.calls = 0
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        self.calls += 1
+        deadline = asyncio.get_running_loop().time() + timeout_ms / 1000
+        while not self.buffer and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)
+        taken, self.buffer = self.buffer[:max_records], self.buffer[max_records:]
+        return {tp(0): taken} if taken else {}
+
+
+async def test_a_gathering_fetch_hands_out_what_came_during_its_wait_together() -> None:
+    """With gather (a transaction lingering), records arriving one by one over the wait are taken as they come
+    (aiokafka fetches a partition again only once its records were handed out) and handed out together at its
+    end, in order: one loop cycle for them all."""
+    fetch = LoopFetch(max_records=100)
+    consumer = _BufferingConsumer()
+
+    async def arrive() -> None:
+        for i in range(5):
+            await asyncio.sleep(0.005)
+            consumer.buffer.append(f"r{i}")
+
+    arriving = asyncio.ensure_future(arrive())
+    began = asyncio.get_running_loop().time()
+    got = await fetch.next(consumer, 80, gather=True)
+    await arriving
+    assert got == {tp(0): ["r0", "r1", "r2", "r3", "r4"]}
+    assert asyncio.get_running_loop().time() - began >= 0.07  # the whole wait, not the first record's
+    assert consumer.calls > 1
+
+
+async def test_a_gathering_fetch_stops_at_max_records_and_when_woken() -> None:
+    """A gather ends once it holds max_records, or at the first answer after wake() (a stop)."""
+    fetch = LoopFetch(max_records=2)
+    consumer = _BufferingConsumer()
+    consumer.buffer.extend(["r0", "r1", "r2"])
+    assert await asyncio.wait_for(fetch.next(consumer, 5_000, gather=True), 1) == {tp(0): ["r0", "r1"]}
+    fetch = LoopFetch(max_records=100)
+    waiting = asyncio.ensure_future(fetch.next(consumer, 200, gather=True))
+    await asyncio.sleep(0.01)
+    fetch.wake()
+    consumer.buffer.append("r3")
+    assert await asyncio.wait_for(waiting, 1) == {tp(0): ["r2", "r3"]}
+
+
+async def test_a_partition_moved_during_a_gather_loses_what_the_gather_took_of_it() -> None:
+    """forget() during a gather (a reopened partition positioned meanwhile) drops what it already took of that
+    partition: nothing fetched before the move is handed out."""
+    fetch = LoopFetch(max_records=100)
+    consumer = _BufferingConsumer()
+    consumer.buffer.append("stale")
+    waiting = asyncio.ensure_future(fetch.next(consumer, 60, gather=True))
+    await asyncio.sleep(0.02)
+    fetch.forget(tp(0))
+    consumer.buffer.append("fresh")
+    assert await asyncio.wait_for(waiting, 1) == {tp(0): ["fresh"]}
