@@ -44,7 +44,7 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
             (
                 "worker/executor.py",
-                "            outcome.replace_producer = txn.producer.needs_replacing",
+                "            outcome.replace_producer = self.txn.producer.needs_replacing",
                 "            outcome.replace_producer = False",
             ),
         ],

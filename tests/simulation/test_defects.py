@@ -30,7 +30,7 @@ CASES = [
     # a redriven record claimed only until its own timestamp plus the TTL
     (9, "redrive", 1, "acme:evt_1_a7: sim.raw-0@60 (a7.0, replayed-from) claimed until"),
     # buckets expired by the wall clock: a backlog hours old loses its claims
-    (10, "time", 4, "stripe:evt_4_36: sim.raw-0@26 (s54) (time 1767225970426) was first inside the window"),
+    (10, "time", 4, "(s54) (time 1767225970426) was first inside the window of the claim"),
     # a key still alive at its expiry time
     (11, "time", 5, "(b00) (time 1767052819126) was duplicate, but the claim"),
     # a replayed record skips the seen-set: two redrives, two commands
@@ -38,7 +38,7 @@ CASES = [
     # a restored store takes stream time from the changelog batches' timestamps
     (13, "time", 5, "stripe:evt_5_13: sim.raw-1@2 (s22) claimed until"),
     # dlq replay ends at a silence and exits 0
-    (14, "redrive", 3, "replay1 exited 0 without replaying"),
+    (14, "redrive", 1, "replay1 exited 0 without replaying"),
 ]
 
 
