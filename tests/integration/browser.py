@@ -16,8 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,21 @@ def stop(process: subprocess.Popen[bytes]) -> int:
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait()
+
+
+def wait_until(driver: Any, check: Callable[[Any], Any], timeout: float) -> Any:
+    """Poll ``check`` until it returns a truthy value; an element the page replaced meanwhile (a page that
+    refreshes itself, as a redrive run's does) is looked up again, not an error."""
+    from selenium.common.exceptions import (  # noqa: PLC0415 (only these tests need it)
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
+    from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415
+
+    waiting = WebDriverWait(
+        driver,
+        timeout,
+        poll_frequency=0.3,
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+    )
+    return waiting.until(check)

@@ -24,10 +24,9 @@ import orjson
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from pipeline.providers.signing import sign
-from tests.integration.browser import ROOT, free_port, screenshot, start_console, stop
+from tests.integration.browser import ROOT, free_port, screenshot, start_console, stop, wait_until
 from tests.integration.harness import Env, command_counts, read_committed, wait_for_audit
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -47,7 +46,7 @@ def _github(delivery_id: str, secret: str, *, extra: list[tuple[str, bytes]] | N
 
 
 def _wait(driver: WebDriver, check: Callable[[WebDriver], Any], timeout: float = 30.0) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.3).until(check)
+    return wait_until(driver, check, timeout)
 
 
 def _text(driver: WebDriver, element_id: str) -> str:

@@ -21,11 +21,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from pipeline.contract import Delivery
 from pipeline.dead_letter import dlq_value
-from tests.integration.browser import chromium, screenshot, start_console, stop
+from tests.integration.browser import chromium, screenshot, start_console, stop, wait_until
 from tests.integration.harness import Env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -37,7 +36,7 @@ REBOUND = "rebind.attacker.example"
 
 
 def _wait(driver: WebDriver, check: Callable[[WebDriver], Any], timeout: float = 30.0) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.3).until(check)
+    return wait_until(driver, check, timeout)
 
 
 def _status(url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
