@@ -343,7 +343,8 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
             if counts[changelog] != counts[source]:
                 raise ConfigError(
                     f"changelog {changelog} has {counts[changelog]} partitions but {source} "
-                    f"has {counts[source]}: they must match"
+                    f"has {counts[source]}: they must match (a `pipeline rescale` that did not finish? "
+                    "run it again)"
                 )
         configs = await _read_configs(admin, names)
         ids = await cluster_ids(admin, names)

@@ -6,32 +6,48 @@ the change would land on a partition whose store never saw it. The rescale:
 
 1. checks that the worker group has no live member (stop the workers first:
    SIGTERM commits their open transactions, so they are drained);
-2. raises the partition count of the input, changelog, audit, DLQ and command
-   topics (and the effects topics) to N;
-3. reads every changelog partition from the start (``read_committed``) and
+2. raises the changelog topics to N partitions (a worker started from here on
+   refuses to run: its changelog and input counts differ);
+3. waits for any open transaction on an old changelog partition to end, reads
+   every old changelog partition from the start (``read_committed``) and
    re-publishes each live entry whose owner changed to its new owner's
    changelog partition, so the new owner's store restores it;
-4. records its progress in a local file, so an interrupted run resumes.
+4. checks that nothing wrote to the old changelog partitions meanwhile and that
+   the group is still empty (else it forgets the moves and fails: run it again);
+5. raises the other topics to N, the input topic last;
+6. records its progress in a local file, so an interrupted run resumes.
 
-Then start the workers again. Records still produced to the old owners (by an
-ingress that did not restart yet) are re-routed to the new owners by the
-worker, and deduped there.
+The input topic grows only once every entry has moved, so a worker never
+serves a new partition whose changelog still lacks its entries. Then start
+the workers again. Records still produced to the old owners (by an ingress
+that did not restart yet) are re-routed to the new owners by the worker, and
+deduped there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewPartitions
+from aiokafka.errors import KafkaError
 
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.kafka.admin import admin_client, partition_count, topic_specs, until_served
+from pipeline.kafka.admin import (
+    admin_client,
+    describe_topic_configs,
+    partition_count,
+    topic_specs,
+    until_served,
+)
 from pipeline.kafka.partitioner import owner_partition
+from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.state.decision import Entry
 from pipeline.topology import Topology
 
@@ -40,10 +56,12 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 ACTIVE_STATES = {"Stable", "PreparingRebalance", "CompletingRebalance"}
 SERVED_TIMEOUT_S = 30.0  # for partitions just added to be served by the broker
+OPEN_TRANSACTION_TIMEOUT_S = 60.0  # for a transaction left on a changelog partition to end
+OPEN_TRANSACTION_POLL_S = 1.0
 
 
 class RescaleError(PipelineError):
-    """The rescale cannot proceed (workers still running, fewer partitions asked)."""
+    """The rescale cannot proceed (workers still running, fewer partitions asked, a step failed)."""
 
     reason = "rescale"
 
@@ -58,6 +76,12 @@ async def group_members(bootstrap: str, group: str) -> int:
     return 0
 
 
+async def _require_no_members(bootstrap: str, group: str, when: str) -> None:
+    members = await group_members(bootstrap, group)
+    if members:
+        raise RescaleError(f"group {group} {when} {members} live worker(s): stop them first (SIGTERM drains)")
+
+
 async def rescale(
     bootstrap: str,
     topology: Topology,
@@ -70,84 +94,182 @@ async def rescale(
     """Raise every topic to ``partitions`` and move changelog entries to their new owners.
 
     Returns the number of entries re-published. Safe to run again after an
-    interruption: finished changelog partitions are skipped.
+    interruption: finished changelog partitions are skipped. A Kafka error on
+    the way is a :class:`RescaleError` (run it again).
     """
-    members = await group_members(bootstrap, group)
-    if members:
+    try:
+        return await _rescale(bootstrap, topology, partitions, group, state_file, progress)
+    except KafkaError as exc:
         raise RescaleError(
-            f"group {group} still has {members} live worker(s): stop them first (SIGTERM drains)"
-        )
+            f"the rescale stopped on a Kafka error ({exc!r}): run it again, it resumes"
+        ) from exc
+
+
+async def _rescale(
+    bootstrap: str, topology: Topology, partitions: int, group: str, state_file: Path, progress: Progress
+) -> int:
+    await _require_no_members(bootstrap, group, "still has")
     current = await partition_count(bootstrap, topology.topics.input)
     if current is None:
         raise ConfigError(f"topic {topology.topics.input} does not exist: run 'pipeline topics create' first")
-    done = _load(state_file)
-    old = int(done.get("from", [current])[0])
+    done = _load(state_file, current)
+    old = done.started
     if partitions < old:
         raise RescaleError(
             f"Kafka cannot remove partitions: {topology.topics.input} has {old}, asked {partitions}"
         )
-    done["from"] = [old]
+    moved_to = done.moved
     _save(state_file, done)
 
-    await _raise_partitions(bootstrap, topology, partitions, progress)
     changelogs = [topology.topics.changelog] + (
         [topology.topics.effects_changelog] if topology.has_effects else []
     )
+    await _raise_partitions(bootstrap, topology, partitions, progress, names=changelogs)
     moved = 0
     for changelog in changelogs:
+        limit = await _record_limit(bootstrap, changelog)
         for partition in range(old):
-            if partition in done.get(changelog, []):
+            if str(partition) in moved_to.get(changelog, {}):
                 progress(f"  {changelog}[{partition}] already moved")
                 continue
-            moved += await _move_partition(
-                bootstrap, TopicPartition(changelog, partition), partitions, progress
+            count, end = await _move_partition(
+                bootstrap, TopicPartition(changelog, partition), partitions, progress, limit
             )
-            done.setdefault(changelog, []).append(partition)
+            moved += count
+            moved_to.setdefault(changelog, {})[str(partition)] = end
             _save(state_file, done)
+    await _check_untouched(bootstrap, group, moved_to, state_file, done)
+    rest = [spec.name for spec in topic_specs(topology, partitions) if spec.name not in changelogs]
+    rest.remove(topology.topics.input)
+    await _raise_partitions(bootstrap, topology, partitions, progress, names=rest)
+    await _raise_partitions(bootstrap, topology, partitions, progress, names=[topology.topics.input])
     _clear(state_file)
     progress(f"rescaled {topology.topics.input} from {old} to {partitions} partitions; {moved} keys moved")
     return moved
 
 
-def _load(path: Path) -> dict[str, list[int]]:
-    """The progress of an interrupted rescale, if any (a small local file)."""
-    return dict(orjson.loads(path.read_bytes())) if path.exists() else {}
+async def _check_untouched(bootstrap: str, group: str, moved_to: Moves, state_file: Path, done: Done) -> None:
+    """Nothing joined the group and nothing wrote to an old changelog partition since its entries were
+    read: else a claim written after the read would stay on the old owner. Forgets the moves then."""
+    tps = {TopicPartition(name, int(p)): end for name, ends in moved_to.items() for p, end in ends.items()}
+    ends = await _high_watermarks(bootstrap, list(tps))
+    written = sorted(f"{tp.topic}[{tp.partition}]" for tp, end in tps.items() if ends[tp] != end)
+    members = await group_members(bootstrap, group)
+    if written or members:
+        moved_to.clear()
+        _save(state_file, done)
+        why = f"{', '.join(written)} written" if written else f"{members} worker(s) joined group {group}"
+        raise RescaleError(
+            f"{why} while the rescale ran: stop every worker and run the rescale again "
+            "(it moves the entries again; no topic past the changelogs was raised)"
+        )
+
+
+Moves = dict[
+    str, dict[str, int]
+]  # changelog -> old partition (as text) -> the offset its entries were read to
+
+
+@dataclass(slots=True)
+class Done:
+    """An interrupted rescale's progress, kept in a small local file."""
+
+    started: int  # the input's partition count before the rescale began
+    moved: Moves = field(default_factory=dict)
+
+
+def _load(path: Path, current: int) -> Done:
+    """The progress of an interrupted rescale, or a fresh one from ``current`` partitions."""
+    if not path.exists():
+        return Done(current)
+    saved = orjson.loads(path.read_bytes())
+    started = saved.get("from", current)
+    if isinstance(started, list):  # the earlier format, whose moves were not checked: do them again
+        return Done(int(started[0]))
+    return Done(int(started), {name: dict(ends) for name, ends in saved.get("moved", {}).items()})
 
 
 def _clear(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _save(path: Path, done: dict[str, list[int]]) -> None:
+def _save(path: Path, done: Done) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(done))
+    tmp.write_bytes(orjson.dumps({"from": done.started, "moved": done.moved}))
     tmp.replace(path)
 
 
-async def _raise_partitions(bootstrap: str, topology: Topology, partitions: int, progress: Progress) -> None:
-    specs = topic_specs(topology, partitions)
+async def _raise_partitions(
+    bootstrap: str,
+    topology: Topology,
+    partitions: int,
+    progress: Progress,
+    *,
+    names: Sequence[str] | None = None,
+) -> None:
+    """Raise the topology's topics (those of ``names`` only, in that order, when given) to ``partitions``."""
+    specs = {spec.name: spec for spec in topic_specs(topology, partitions)}
+    order = list(names) if names is not None else list(specs)
     async with admin_client(bootstrap) as admin:
-        for spec in specs:
-            count = await partition_count(bootstrap, spec.name)
+        for name in order:
+            count = await partition_count(bootstrap, name)
             if count is None:
-                raise ConfigError(f"topic {spec.name} does not exist: run 'pipeline topics create' first")
+                raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")
             if count >= partitions:
-                progress(f"  {spec.name}: {count} partitions, nothing to do")
+                progress(f"  {name}: {count} partitions, nothing to do")
                 continue
-            await admin.create_partitions({spec.name: NewPartitions(total_count=partitions)})
+            await admin.create_partitions({name: NewPartitions(total_count=partitions)})
             # before any entry is moved there: a producer that does not know a partition yet refuses it
-            await until_served(admin, {spec.name: partitions}, timeout=SERVED_TIMEOUT_S)
-            progress(f"  {spec.name}: {count} -> {partitions} partitions")
+            await until_served(admin, {name: partitions}, timeout=SERVED_TIMEOUT_S)
+            progress(f"  {name}: {count} -> {partitions} partitions")
 
 
-async def _move_partition(bootstrap: str, tp: TopicPartition, partitions: int, progress: Progress) -> int:
-    """Re-publish the entries of one old changelog partition whose owner changed."""
+async def _record_limit(bootstrap: str, topic: str) -> int:
+    """The largest record batch ``topic`` takes (its ``max.message.bytes``, at most the producers' own)."""
+    raw = (await describe_topic_configs(bootstrap, [topic])).get(topic, {}).get("max.message.bytes", "")
+    return min(int(raw), MAX_MESSAGE_BYTES) if raw.isdigit() else MAX_MESSAGE_BYTES
+
+
+async def _high_watermarks(bootstrap: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """The end of each partition, open transactions included (``read_uncommitted``)."""
+    if not tps:
+        return {}
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return dict(await consumer.end_offsets(tps))
+    finally:
+        await consumer.stop()
+
+
+async def _settled_end(consumer: AIOKafkaConsumer, bootstrap: str, tp: TopicPartition) -> int:
+    """The partition's end once no transaction is open on it (its last stable offset reached its end)."""
+    waited = 0.0
+    while True:
+        stable = (await consumer.end_offsets([tp]))[tp]
+        if stable == (await _high_watermarks(bootstrap, [tp]))[tp]:
+            return int(stable)
+        if waited >= OPEN_TRANSACTION_TIMEOUT_S:
+            raise RescaleError(
+                f"{tp.topic}[{tp.partition}] still holds an open transaction after {waited:.0f}s (a worker "
+                "still running, or one killed whose transaction the broker aborts after the worker's "
+                "--transaction-timeout): run the rescale again later"
+            )
+        await asyncio.sleep(OPEN_TRANSACTION_POLL_S)
+        waited += OPEN_TRANSACTION_POLL_S
+
+
+async def _move_partition(
+    bootstrap: str, tp: TopicPartition, partitions: int, progress: Progress, limit: int
+) -> tuple[int, int]:
+    """Re-publish the entries of one old changelog partition whose owner changed, in batches of at most
+    ``limit`` bytes (the topic's own limit); the number moved and the offset read up to."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=20, max_batch_size=limit
     )
     await consumer.start()
     await producer.start()
@@ -155,7 +277,7 @@ async def _move_partition(bootstrap: str, tp: TopicPartition, partitions: int, p
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
+        end = await _settled_end(consumer, bootstrap, tp)
         started = time.monotonic()
         while await consumer.position(tp) < end:
             batch = await consumer.getmany(tp, timeout_ms=200, max_records=5000)
@@ -179,7 +301,7 @@ async def _move_partition(bootstrap: str, tp: TopicPartition, partitions: int, p
             f"  {tp.topic}[{tp.partition}]: {len(latest)} keys read, {moved} moved "
             f"({time.monotonic() - started:.1f}s)"
         )
-        return moved
+        return moved, end
     finally:
         await producer.stop()
         await consumer.stop()

@@ -113,6 +113,11 @@ FOUND: dict[tuple[str, int], str] = {
         "classic",
         23108,
     ): "a commit the broker completed, answered with a fence, was taken for aborted and redone (issue 36)",
+    (
+        "default",
+        1476,
+    ): "a rescale's move sent batches its changelog refused; the workers started on the half-done rescale",
+    ("default", 2258): "the same, a rescale during a backlog",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
