@@ -118,7 +118,6 @@ async def _rescale(
         raise RescaleError(
             f"Kafka cannot remove partitions: {topology.topics.input} has {old}, asked {partitions}"
         )
-    moved_to = done.moved
     _save(state_file, done)
 
     changelogs = [topology.topics.changelog] + (
@@ -129,16 +128,18 @@ async def _rescale(
     for changelog in changelogs:
         limit = await _record_limit(bootstrap, changelog)
         for partition in range(old):
-            if str(partition) in moved_to.get(changelog, {}):
+            if done.was_read(changelog, partition):
                 progress(f"  {changelog}[{partition}] already moved")
                 continue
-            count, end = await _move_partition(
+            end, targets = await _move_partition(
                 bootstrap, TopicPartition(changelog, partition), partitions, progress, limit
             )
-            moved += count
-            moved_to.setdefault(changelog, {})[str(partition)] = end
+            done.read(changelog, partition, end)
+            for target, count in targets.items():
+                done.wrote(changelog, target, count)
+                moved += count
             _save(state_file, done)
-    await _check_untouched(bootstrap, group, moved_to, state_file, done)
+    await _check_untouched(bootstrap, group, state_file, done)
     rest = [spec.name for spec in topic_specs(topology, partitions) if spec.name not in changelogs]
     rest.remove(topology.topics.input)
     await _raise_partitions(bootstrap, topology, partitions, progress, names=rest)
@@ -148,15 +149,16 @@ async def _rescale(
     return moved
 
 
-async def _check_untouched(bootstrap: str, group: str, moved_to: Moves, state_file: Path, done: Done) -> None:
-    """Nothing joined the group and nothing wrote to an old changelog partition since its entries were
-    read: else a claim written after the read would stay on the old owner. Forgets the moves then."""
-    tps = {TopicPartition(name, int(p)): end for name, ends in moved_to.items() for p, end in ends.items()}
-    ends = await _high_watermarks(bootstrap, list(tps))
-    written = sorted(f"{tp.topic}[{tp.partition}]" for tp, end in tps.items() if ends[tp] != end)
+async def _check_untouched(bootstrap: str, group: str, state_file: Path, done: Done) -> None:
+    """Nothing joined the group and nothing but the rescale wrote to an old changelog partition since its
+    entries were read: else a claim written after the read would stay on the old owner. Forgets the moves
+    then."""
+    expected = done.expected_ends()
+    ends = await _high_watermarks(bootstrap, list(expected))
+    written = sorted(f"{tp.topic}[{tp.partition}]" for tp, end in expected.items() if ends[tp] != end)
     members = await group_members(bootstrap, group)
     if written or members:
-        moved_to.clear()
+        done.forget_moves()
         _save(state_file, done)
         why = f"{', '.join(written)} written" if written else f"{members} worker(s) joined group {group}"
         raise RescaleError(
@@ -165,17 +167,41 @@ async def _check_untouched(bootstrap: str, group: str, moved_to: Moves, state_fi
         )
 
 
-Moves = dict[
-    str, dict[str, int]
-]  # changelog -> old partition (as text) -> the offset its entries were read to
+Offsets = dict[str, dict[str, int]]  # changelog -> partition (as text) -> an offset or a count
 
 
 @dataclass(slots=True)
 class Done:
-    """An interrupted rescale's progress, kept in a small local file."""
+    """An interrupted rescale's progress, kept in a small local file: where each old changelog partition
+    was read to, and how many entries the rescale itself wrote to each partition after it was read."""
 
     started: int  # the input's partition count before the rescale began
-    moved: Moves = field(default_factory=dict)
+    ends: Offsets = field(default_factory=dict)
+    written: Offsets = field(default_factory=dict)
+
+    def was_read(self, changelog: str, partition: int) -> bool:
+        return str(partition) in self.ends.get(changelog, {})
+
+    def read(self, changelog: str, partition: int, end: int) -> None:
+        self.ends.setdefault(changelog, {})[str(partition)] = end
+
+    def wrote(self, changelog: str, partition: int, count: int) -> None:
+        """``count`` entries moved to ``partition``: counted against its end if it was read already."""
+        if self.was_read(changelog, partition):
+            counts = self.written.setdefault(changelog, {})
+            counts[str(partition)] = counts.get(str(partition), 0) + count
+
+    def expected_ends(self) -> dict[TopicPartition, int]:
+        """Where each partition read must end if only the rescale wrote to it since."""
+        return {
+            TopicPartition(name, int(p)): end + self.written.get(name, {}).get(p, 0)
+            for name, ends in self.ends.items()
+            for p, end in ends.items()
+        }
+
+    def forget_moves(self) -> None:
+        self.ends.clear()
+        self.written.clear()
 
 
 def _load(path: Path, current: int) -> Done:
@@ -186,7 +212,11 @@ def _load(path: Path, current: int) -> Done:
     started = saved.get("from", current)
     if isinstance(started, list):  # the earlier format, whose moves were not checked: do them again
         return Done(int(started[0]))
-    return Done(int(started), {name: dict(ends) for name, ends in saved.get("moved", {}).items()})
+    return Done(int(started), _offsets(saved.get("ends", {})), _offsets(saved.get("written", {})))
+
+
+def _offsets(saved: dict[str, dict[str, int]]) -> Offsets:
+    return {name: {p: int(n) for p, n in by_partition.items()} for name, by_partition in saved.items()}
 
 
 def _clear(path: Path) -> None:
@@ -196,7 +226,7 @@ def _clear(path: Path) -> None:
 def _save(path: Path, done: Done) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps({"from": done.started, "moved": done.moved}))
+    tmp.write_bytes(orjson.dumps({"from": done.started, "ends": done.ends, "written": done.written}))
     tmp.replace(path)
 
 
@@ -262,9 +292,9 @@ async def _settled_end(consumer: AIOKafkaConsumer, bootstrap: str, tp: TopicPart
 
 async def _move_partition(
     bootstrap: str, tp: TopicPartition, partitions: int, progress: Progress, limit: int
-) -> tuple[int, int]:
+) -> tuple[int, dict[int, int]]:
     """Re-publish the entries of one old changelog partition whose owner changed, in batches of at most
-    ``limit`` bytes (the topic's own limit); the number moved and the offset read up to."""
+    ``limit`` bytes (the topic's own limit); the offset read up to, and how many went to each partition."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
@@ -284,7 +314,7 @@ async def _move_partition(
             for record in batch.get(tp, []):
                 if record.key is not None and record.value is not None:
                     latest[record.key] = (record.value, record.timestamp)
-        moved = 0
+        targets: dict[int, int] = {}
         futures = []
         for key, (value, timestamp) in latest.items():
             target = owner_partition(key, partitions)
@@ -294,14 +324,14 @@ async def _move_partition(
             futures.append(
                 await producer.send(tp.topic, value, key=key, partition=target, timestamp_ms=timestamp)
             )
-            moved += 1
+            targets[target] = targets.get(target, 0) + 1
         for future in futures:
             await future
         progress(
-            f"  {tp.topic}[{tp.partition}]: {len(latest)} keys read, {moved} moved "
+            f"  {tp.topic}[{tp.partition}]: {len(latest)} keys read, {sum(targets.values())} moved "
             f"({time.monotonic() - started:.1f}s)"
         )
-        return moved, end
+        return end, targets
     finally:
         await producer.stop()
         await consumer.stop()
