@@ -11,7 +11,8 @@ the change would land on a partition whose store never saw it. The rescale:
 3. waits for any open transaction on an old changelog partition to end, reads
    every old changelog partition from the start (``read_committed``) and
    re-publishes each live entry whose owner changed to its new owner's
-   changelog partition, so the new owner's store restores it;
+   changelog partition, so the new owner's store restores it (with its
+   ``last_seen`` cleared: a partition's stream time stays its own);
 4. checks that nothing wrote to the old changelog partitions meanwhile and that
    the group is still empty (else it forgets the moves and fails: run it again);
 5. raises the other topics to N, the input topic last;
@@ -320,9 +321,11 @@ async def _move_partition(
             target = owner_partition(key, partitions)
             if target == tp.partition:
                 continue
-            Entry.decode(value)  # never move something that is not an entry
+            # never move something that is not an entry; and not its time: a restore takes a partition's
+            # stream time from its entries' last_seen, and this one's is another partition's stream time
+            moved = Entry.decode(value)._replace(last_seen=0).encode()
             futures.append(
-                await producer.send(tp.topic, value, key=key, partition=target, timestamp_ms=timestamp)
+                await producer.send(tp.topic, moved, key=key, partition=target, timestamp_ms=timestamp)
             )
             targets[target] = targets.get(target, 0) + 1
         for future in futures:

@@ -234,6 +234,26 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    17: (
+        "a rescale moves entries with their last_seen: a partition takes another's stream time (issue 34)",
+        [
+            (
+                "ops/rescale.py",
+                "moved = Entry.decode(value)._replace(last_seen=0).encode()",
+                "moved = Entry.decode(value).encode() and value",
+            ),
+        ],
+    ),
+    18: (
+        "a rescale moves entries in batches larger than the changelog takes (issue 34)",
+        [
+            (
+                "ops/rescale.py",
+                "linger_ms=20, max_batch_size=limit",
+                "linger_ms=20",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -28,8 +28,8 @@ each rule in full):
    ``--max-clock-skew``, the clock read between the record's append and its audit record's
    (the seed's clock jumps widen it);
 2. a partition's stream time is the largest ``e`` of the accepted copies before it (a restore
-   takes it from the entries, so a store never runs ahead of it; only a rescale may raise it
-   to another partition's);
+   takes it from the entries, so a store never runs ahead of it; a rescale moves entries
+   without their ``last_seen``, so never to another partition's);
 3. a ``first`` copy claims until ``max(e, stream time) + TTL``, whatever the record's age;
 4. a claim's bucket is dropped only once stream time reaches its end plus one bucket of
    grace, so below that the claim is certainly kept (a rebuilt store too: no run lets stream
@@ -247,19 +247,12 @@ def _windows(
         records = _records(broker, name)
         phases = [*facts.boundaries, None]
         start: dict[int, int] = defaultdict(int)
-        top = 0
-        for phase, boundary in enumerate(phases):
-            if phase:  # after a rescale, a partition's store may restore other partitions' stream time
-                top = max((s.hi for s in streams.values()), default=0)
-                for stream in streams.values():
-                    stream.hi, stream.exact = top, False
+        for boundary in phases:  # a partition's stream time is its own across a rescale too
             for partition, record in records:
                 end = boundary.get((name, partition), 0) if boundary is not None else None
                 if record.offset < start[partition] or (end is not None and record.offset >= end):
                     continue
-                if partition not in streams:
-                    streams[partition] = Stream(hi=top, exact=not phase)
-                stream = streams[partition]
+                stream = streams.setdefault(partition, Stream())
                 copy = _copy(name, partition, record, audits.get((name, partition, record.offset)), facts)
                 if copy is not None:
                     windows.decide(copy, stream)

@@ -39,6 +39,10 @@ CASES = [
     (13, "time", 5, "stripe:evt_5_13: sim.raw-1@2 (s22) claimed until"),
     # dlq replay ends at a silence and exits 0
     (14, "redrive", 1, "replay1 exited 0 without replaying"),
+    # a rescale moves entries with their last_seen: a partition takes another's stream time
+    (17, "rescale", 1, "stripe:evt_1_13: sim.raw-3@2 (s22, rerouted-from) claimed until"),
+    # a rescale's move in batches its changelog refuses: the rescale never ends, no worker can start
+    (18, "default", 1476, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
 ]
 
 

@@ -12,8 +12,9 @@ each partition's order, against the outcome its audit record gives:
 2. *Stream time* of a partition before a copy is the largest ``e`` of the accepted copies
    before it (first, duplicate or conflict; never an invalid or rerouted one): an interval
    ``[lo, hi]`` as the ``e`` are. A restore or a standby takes it from the entries, so a
-   store never runs ahead of it; only a rescale may move it up to the largest of the
-   partitions whose entries the new owner restores (the world records when one ran).
+   store never runs ahead of it; a rescale keeps it too (the entries it moves carry no
+   ``last_seen``, so a partition never takes another's stream time), and a partition the
+   rescale added starts at none.
 3. *A claim* made by a ``first`` copy at time ``e`` lives until ``max(e, stream time) + TTL``
    (the audit's ``expires_at``, checked to be within those bounds), whatever the record's age:
    an old redelivery or a redrive claims for a whole TTL from now in stream time.
@@ -44,11 +45,10 @@ DUPLICATE_LIKE = frozenset({"duplicate", "conflict"})
 
 @dataclass
 class Stream:
-    """A partition's stream time as an interval, and whether its store may know less of it than the model."""
+    """A partition's stream time as an interval (the ``e`` of its accepted copies: rule 2)."""
 
     lo: int = 0
     hi: int = 0
-    exact: bool = True  # False after a rescale: the store's stream time may be lower than ``lo``
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Windows:
             self.fail(
                 f"{copy.key}: {copy.where} was decided at {e}, outside its bounds [{e_lo}, {e_hi}] (rule 1)"
             )
-        least = max(e, stream.lo if stream.exact else 0) + copy.ttl
+        least = max(e, stream.lo) + copy.ttl
         most = max(e, stream.hi) + copy.ttl
         expires = copy.expires_at
         if expires is not None and least <= expires <= most:
