@@ -19,7 +19,14 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline import topology
-from pipeline.kafka.admin import ensure_topics, partition_count, topic_specs
+from pipeline.kafka.admin import (
+    admin_client,
+    describe_topic_configs,
+    ensure_topics,
+    partition_count,
+    topic_specs,
+)
+from pipeline.kafka.alter_configs import set_topic_configs
 from pipeline.kafka.partitioner import owner_partition
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,6 +236,18 @@ async def read_committed(
         return records
     finally:
         await consumer.stop()
+
+
+async def set_max_message_bytes(env: Env, topic: str, value: int) -> None:
+    """Set ``topic``'s limit and wait until a client starting now would read it."""
+    async with admin_client(env.bootstrap) as admin:
+        await set_topic_configs(admin, {topic: {"max.message.bytes": str(value)}})
+    deadline = time.monotonic() + 30
+    while (await describe_topic_configs(env.bootstrap, [topic]))[topic].get("max.message.bytes") != str(
+        value
+    ):
+        assert time.monotonic() < deadline, f"{topic}'s max.message.bytes is not {value} after 30s"
+        await asyncio.sleep(0.2)
 
 
 async def wait_for_audit(env: Env, expected: int, *, timeout: float = 90.0) -> list[dict[str, Any]]:

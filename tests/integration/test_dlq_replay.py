@@ -25,8 +25,6 @@ from pipeline.contract import Delivery, command_value
 from pipeline.dead_letter import dlq_value
 from pipeline.errors import PipelineError
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
-from pipeline.kafka.admin import admin_client, describe_topic_configs
-from pipeline.kafka.alter_configs import set_topic_configs
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.ops.dlq import replay
 from pipeline.ops.dlq_records import DlqFilter
@@ -37,6 +35,7 @@ from tests.integration.harness import (
     Env,
     command_counts,
     read_committed,
+    set_max_message_bytes,
     wait_for_audit,
     write_topology,
 )
@@ -300,18 +299,6 @@ async def test_a_broker_outage_mid_replay_replays_every_record_exactly_once_or_f
         assert "records replayed so far (running it again is safe" in failure
 
 
-async def _max_message_bytes(env: Env, topic: str, value: int) -> None:
-    """Set ``topic``'s limit and wait until a worker starting now would read it."""
-    async with admin_client(env.bootstrap) as admin:
-        await set_topic_configs(admin, {topic: {"max.message.bytes": str(value)}})
-    deadline = time.monotonic() + 30
-    while (await describe_topic_configs(env.bootstrap, [topic]))[topic].get("max.message.bytes") != str(
-        value
-    ):
-        assert time.monotonic() < deadline, f"{topic}'s max.message.bytes is not {value} after 30s"
-        await asyncio.sleep(0.2)
-
-
 def _checkout(
     event_id: str, payment: str, *, pad: int
 ) -> tuple[bytes, bytes, list[tuple[str, bytes]], None, None]:
@@ -357,7 +344,7 @@ async def test_a_command_too_large_for_its_command_topic_is_replayed_into_one_co
         'command = "fulfil-order"\neffect_key = "data.object.payment_intent"\n'
     )
     env: Env = await pipeline_env(extra=route)
-    await _max_message_bytes(env, orders, 3000)
+    await set_max_message_bytes(env, orders, 3000)
     env.start_worker("w1")
     await env.produce([_checkout("evt_big", "pi_big", pad=4000), _checkout("evt_small", "pi_small", pad=10)])
     audit = await wait_for_audit(env, 3)  # big: invalid; small: first, then first at the effect stage
@@ -379,7 +366,7 @@ async def test_a_command_too_large_for_its_command_topic_is_replayed_into_one_co
     effects = await _records(env, env.topo.topics.effects)
     assert [r.key for r in effects] == [b"fulfil-order:pi_small"]
 
-    await _max_message_bytes(env, orders, 4 * 1024 * 1024)
+    await set_max_message_bytes(env, orders, 4 * 1024 * 1024)
     env.start_worker("w1")  # the limits are read at start
     first = _cli(env, "replay")
     assert first.returncode == 0, first.stderr

@@ -14,7 +14,15 @@ import pytest
 
 from pipeline.kafka.admin import partition_count
 from pipeline.kafka.partitioner import owner_partition
-from tests.integration.harness import ROOT, Env, command_counts, read_committed, wait_for_audit
+from pipeline.state.decision import Entry
+from tests.integration.harness import (
+    ROOT,
+    Env,
+    command_counts,
+    read_committed,
+    set_max_message_bytes,
+    wait_for_audit,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -97,3 +105,34 @@ async def test_rescale_keeps_exactly_once_for_duplicates_straddling_the_change(
     outcomes = Counter(a["outcome"] for a in audit)
     assert outcomes["first"] == len(ids)
     assert outcomes["rerouted"] == rerouted
+
+
+async def test_rescale_moves_a_small_changelogs_entries_without_their_time_and_raises_the_input_last(
+    pipeline_env: MakeEnv, tmp_path: Path
+) -> None:
+    """A changelog taking 4 KiB: 2 -> 3 moves every entry (its last_seen cleared), the input last, one command a key."""
+    env: Env = await pipeline_env(partitions=2)
+    ids = [f"evt_{i}" for i in range(400)]
+    await env.produce_stripe(ids)
+    env.start_worker("w1")
+    await wait_for_audit(env, len(ids))
+    env.stop_all()
+    await set_max_message_bytes(env, env.topo.topics.changelog, 4096)
+
+    done = _rescale(env, 3, tmp_path / "rescale.json")
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    last_raise = max(i for i, line in enumerate(lines) if line.endswith("-> 3 partitions"))
+    assert lines[last_raise] == f"{env.topo.topics.input}: 2 -> 3 partitions", done.stdout
+    keys = {f"stripe:{e}".encode() for e in ids}
+    changed = {key for key in keys if owner_partition(key, 3) != owner_partition(key, 2)}
+    changelog = await read_committed(env.bootstrap, env.topo.topics.changelog)
+    moved = [r for r in changelog if r.key in changed and r.partition == owner_partition(r.key, 3)]
+    assert {r.key for r in moved} == changed
+    assert all(Entry.decode(r.value).last_seen == 0 for r in moved)
+
+    env.start_worker("w1")
+    await env.produce_stripe(ids)  # every key again, to its new owner
+    await wait_for_audit(env, 2 * len(ids))
+    commands = await read_committed(env.bootstrap, env.topo.topics.commands)
+    assert command_counts(commands) == Counter({f"stripe:{e}": 1 for e in ids})
