@@ -224,6 +224,8 @@ class FakeProducer:
         self.committed: list[Sent] = []
         self.aborted: list[Sent] = []
         self.offsets: list[tuple[TopicPartition, int, str]] = []  # committed consumer offsets
+        # the group coordinator's committed offsets (a consumer's ``committed_offsets``), if a test follows them
+        self.group_offsets: dict[TopicPartition, int] | None = None
         self.generations: list[int] = []  # the group generation each offset commit carried
         self.violations: list[str] = []
         self.started = False
@@ -245,6 +247,7 @@ class FakeProducer:
         self.committed = earlier.committed
         self.aborted = earlier.aborted
         self.offsets = earlier.offsets
+        self.group_offsets = earlier.group_offsets
         self.generations = earlier.generations
         self.violations = earlier.violations
         self._log_end = earlier._log_end
@@ -330,6 +333,8 @@ class FakeProducer:
             self.violations.append("commit without a transaction")
         self.committed.extend(self.pending)
         self.offsets.extend(self._pending_offsets)
+        if self.group_offsets is not None:
+            self.group_offsets.update({tp: offset for tp, offset, _ in self._pending_offsets})
         self._end()
         lost = self.fail_after.get("commit")
         if lost:  # the broker committed; its answer never came (a fence, the producer dying)

@@ -452,10 +452,7 @@ async def test_a_fence_answering_a_commit_that_took_reopens_the_partition_and_re
     its committed offset, so each record has one command, and no second transaction commits its offsets."""
     w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
     w.producer.fail_after["commit"].append(ProducerFenced())
-    # the group coordinator's view: the fake consumer's committed offsets follow the commit that takes
-    w.producer.on_commit = lambda: w.consumer.committed_offsets.update(
-        {tp: offset for tp, offset, _ in w.producer._pending_offsets}
-    )
+    w.producer.group_offsets = w.consumer.committed_offsets  # the group's offsets follow a commit that takes
     w.run()
     await eventually(lambda: w.clients.group.rejoins == 1, what="the rejoin")
     await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving, what="the reopen")
