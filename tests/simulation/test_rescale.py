@@ -4,6 +4,7 @@ entry has moved, and a changelog written while the entries moved fails the resca
 
 from __future__ import annotations
 
+import asyncio
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,10 @@ from pipeline.topology import Topology, parse
 from tests.simulation import broker as b
 from tests.simulation import wire
 from tests.simulation.records import decode_produced, plain_batch
-from tests.simulation.test_broker_rules import Model
+from tests.simulation.test_broker_rules import GROUP, Model
 
 BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
-GROUP = "rescale-group"
+
 SMALL = 4096  # a changelog's max.message.bytes: far less than aiokafka's default batch of 16 KiB
 
 
@@ -174,5 +175,26 @@ def test_entries_moving_between_old_partitions_are_not_taken_for_a_workers_write
                 _unseen(value) if moved else value
             )
         assert await partition_count(BOOTSTRAP, topology.topics.input) == 3
+
+    assert not model.run_clients(scenario).errors
+
+
+def test_a_worker_joining_while_the_entries_move_fails_the_rescale_before_the_input_grows(
+    tmp_path: Path,
+) -> None:
+    """A worker that joins the group during the move (a supervisor restarting it) fails the rescale, naming the
+    group, and the input topic keeps its count."""
+    topology = _topology()
+    model = _model(topology, keys=20)
+    joins: list[asyncio.Task[dict[str, int]]] = []
+
+    def join_during_the_move(line: str) -> None:
+        if "keys read" in line and not joins:
+            joins.append(asyncio.ensure_future(model.join("")))
+
+    async def scenario(model: Model) -> None:
+        with pytest.raises(RescaleError, match=r"1 worker\(s\) joined group group while the rescale ran"):
+            await _rescale(topology, 2, tmp_path / "r.json", join_during_the_move)
+        assert await partition_count(BOOTSTRAP, topology.topics.input) == 1
 
     assert not model.run_clients(scenario).errors
