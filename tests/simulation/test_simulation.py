@@ -119,6 +119,7 @@ FOUND: dict[tuple[str, int], str] = {
     ): "a rescale's move sent batches its changelog refused; the workers started on the half-done rescale",
     ("default", 2258): "the same, a rescale during a backlog",
     ("default", 54): "a rescale took its own moves between old partitions for a worker's writes and gave up",
+    ("default", 494): "the simulation checked before a zombie's abort markers landed (the world's own hole)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
