@@ -124,7 +124,37 @@ async def _rescale(
     changelogs = [topology.topics.changelog] + (
         [topology.topics.effects_changelog] if topology.has_effects else []
     )
-    await _raise_partitions(bootstrap, topology, partitions, progress, names=changelogs)
+    moved = 0
+    if current > old:  # an earlier run raised the input: its moves had passed their check
+        if not done.all_read(changelogs):
+            raise RescaleError(
+                f"{topology.topics.input} has {current} partitions, but the entries of its {old} were not all "
+                "moved: was it raised by another tool? Delete the state file to move them again"
+            )
+        progress(f"  {topology.topics.input} has {current} partitions: the entries moved in an earlier run")
+    else:
+        moved = await _move_entries(bootstrap, changelogs, partitions, group, state_file, done, progress)
+    rest = [spec.name for spec in topic_specs(topology, partitions) if spec.name not in changelogs]
+    rest.remove(topology.topics.input)
+    await _raise_partitions(bootstrap, rest, partitions, progress)
+    await _raise_partitions(bootstrap, [topology.topics.input], partitions, progress)
+    _clear(state_file)
+    progress(f"rescaled {topology.topics.input} from {old} to {partitions} partitions; {moved} keys moved")
+    return moved
+
+
+async def _move_entries(
+    bootstrap: str,
+    changelogs: list[str],
+    partitions: int,
+    group: str,
+    state_file: Path,
+    done: Done,
+    progress: Progress,
+) -> int:
+    """Raise the changelogs, move every entry whose owner changed, and check nothing else wrote meanwhile."""
+    await _raise_partitions(bootstrap, changelogs, partitions, progress)
+    old = done.started
     moved = 0
     for changelog in changelogs:
         limit = await _record_limit(bootstrap, changelog)
@@ -141,12 +171,6 @@ async def _rescale(
                 moved += count
             _save(state_file, done)
     await _check_untouched(bootstrap, group, state_file, done)
-    rest = [spec.name for spec in topic_specs(topology, partitions) if spec.name not in changelogs]
-    rest.remove(topology.topics.input)
-    await _raise_partitions(bootstrap, topology, partitions, progress, names=rest)
-    await _raise_partitions(bootstrap, topology, partitions, progress, names=[topology.topics.input])
-    _clear(state_file)
-    progress(f"rescaled {topology.topics.input} from {old} to {partitions} partitions; {moved} keys moved")
     return moved
 
 
@@ -179,6 +203,10 @@ class Done:
     started: int  # the input's partition count before the rescale began
     ends: Offsets = field(default_factory=dict)
     written: Offsets = field(default_factory=dict)
+
+    def all_read(self, changelogs: Sequence[str]) -> bool:
+        """Whether every old partition of ``changelogs`` was read (and its entries moved)."""
+        return all(self.was_read(name, p) for name in changelogs for p in range(self.started))
 
     def was_read(self, changelog: str, partition: int) -> bool:
         return str(partition) in self.ends.get(changelog, {})
@@ -232,18 +260,11 @@ def _save(path: Path, done: Done) -> None:
 
 
 async def _raise_partitions(
-    bootstrap: str,
-    topology: Topology,
-    partitions: int,
-    progress: Progress,
-    *,
-    names: Sequence[str] | None = None,
+    bootstrap: str, names: Sequence[str], partitions: int, progress: Progress
 ) -> None:
-    """Raise the topology's topics (those of ``names`` only, in that order, when given) to ``partitions``."""
-    specs = {spec.name: spec for spec in topic_specs(topology, partitions)}
-    order = list(names) if names is not None else list(specs)
+    """Raise the topics ``names``, in that order, to ``partitions`` (each served before the next)."""
     async with admin_client(bootstrap) as admin:
-        for name in order:
+        for name in names:
             count = await partition_count(bootstrap, name)
             if count is None:
                 raise ConfigError(f"topic {name} does not exist: run 'pipeline topics create' first")

@@ -114,7 +114,7 @@ verify = "none"
         member = next(iter(await model.join("")))
         assert await group_members(BOOTSTRAP, "group") == 1
         model.broker.leave("group", member)
-        await _raise_partitions(BOOTSTRAP, topology, 5, lambda _line: None)
+        await _raise_partitions(BOOTSTRAP, [s.name for s in topic_specs(topology)], 5, lambda _line: None)
         for spec in topic_specs(topology):
             assert await partition_count(BOOTSTRAP, spec.name) == 5
 

@@ -198,3 +198,27 @@ def test_a_worker_joining_while_the_entries_move_fails_the_rescale_before_the_in
         assert await partition_count(BOOTSTRAP, topology.topics.input) == 1
 
     assert not model.run_clients(scenario).errors
+
+
+def test_a_rescale_stopped_after_the_input_grew_finishes_without_moving_again(tmp_path: Path) -> None:
+    """A run stopped after it raised the input (its moves checked) resumes without checking the changelogs
+    again: a worker started meanwhile may have written to them, and the rescale still ends."""
+    topology = _topology()
+    model = _model(topology, keys=20)
+    state = tmp_path / "r.json"
+
+    def stop_after_the_input(line: str) -> None:
+        if line.strip() == f"{topology.topics.input}: 1 -> 2 partitions":
+            raise KeyboardInterrupt
+
+    async def scenario(model: Model) -> None:
+        with pytest.raises(KeyboardInterrupt):
+            await _rescale(topology, 2, state, stop_after_the_input)
+        assert state.exists()
+        _write_entry(model, topology, b"stripe:after", offset=50)  # a worker started on the rescaled topics
+        lines: list[str] = []
+        assert await _rescale(topology, 2, state, lines.append) == 0
+        assert any("the entries moved in an earlier run" in line for line in lines)
+        assert not state.exists()
+
+    assert not model.run_clients(scenario).errors

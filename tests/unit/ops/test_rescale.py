@@ -53,5 +53,5 @@ async def test_raising_partitions_returns_only_once_the_broker_serves_them(
 
     monkeypatch.setattr(rescale, "admin_client", fake_admin)
     monkeypatch.setattr(rescale, "partition_count", count)
-    await rescale._raise_partitions("127.0.0.1:1", topo, 8, lambda _line: None)
+    await rescale._raise_partitions("127.0.0.1:1", names, 8, lambda _line: None)
     assert broker.served == dict.fromkeys(names, 8)
