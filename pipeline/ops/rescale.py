@@ -47,6 +47,7 @@ from pipeline.kafka.admin import (
     topic_specs,
     until_served,
 )
+from pipeline.kafka.internals import stop_consumer
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
 from pipeline.state.decision import Entry
@@ -292,7 +293,7 @@ async def _high_watermarks(bootstrap: str, tps: list[TopicPartition]) -> dict[To
     try:
         return dict(await consumer.end_offsets(tps))
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)  # aiokafka lets a CancelledError out when the broker is away
 
 
 async def _settled_end(consumer: AIOKafkaConsumer, bootstrap: str, tp: TopicPartition) -> int:
@@ -358,4 +359,4 @@ async def _move_partition(
         return end, targets
     finally:
         await producer.stop()
-        await consumer.stop()
+        await stop_consumer(consumer)  # aiokafka lets a CancelledError out when the broker is away

@@ -254,6 +254,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    19: (
+        "a rescale stops its consumers with aiokafka's stop, which lets a CancelledError out in an outage",
+        [
+            (
+                "ops/rescale.py",
+                "await stop_consumer(consumer)  # aiokafka lets a CancelledError out when the broker is away",
+                "await consumer.stop()",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

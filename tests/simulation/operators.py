@@ -266,8 +266,10 @@ class Operators:
         """Every worker down (SIGTERM or SIGKILL) for ``fault.duration`` seconds, then started again."""
         world = self.world
         async with self._alone:
+            self.down = (
+                True  # before the stop: a rolling restart finishing meanwhile starts nobody (seed 3356)
+            )
             down = await world.stop_workers(kill=fault.detail == "kill")
-            self.down = True
             world.note(f"downtime: every worker down for {fault.duration / 3600:.1f}h")
             await asyncio.sleep(fault.duration)
             self.down = False

@@ -43,6 +43,8 @@ CASES = [
     (17, "rescale", 1, "stripe:evt_1_13: sim.raw-3@2 (s22, rerouted-from) claimed until"),
     # a rescale's move in batches its changelog refuses: the rescale never ends, no worker can start
     (18, "default", 1476, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
+    # the rescale's consumer stopped with aiokafka's stop in an outage: a CancelledError ends the rescale
+    (19, "default", 2269, "ConfigError('changelog sim-seen-changelog has 5 partitions but sim.raw has 3"),
 ]
 
 

@@ -120,6 +120,11 @@ FOUND: dict[tuple[str, int], str] = {
     ("default", 2258): "the same, a rescale during a backlog",
     ("default", 54): "a rescale took its own moves between old partitions for a worker's writes and gave up",
     ("default", 494): "the simulation checked before a zombie's abort markers landed (the world's own hole)",
+    ("default", 2269): "a rescale in an outage died of aiokafka's CancelledError out of a consumer's stop",
+    (
+        "default",
+        3356,
+    ): "a rolling restart finishing as a downtime began ran a worker through it (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
