@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
 REPLAY_TIMEOUT_S = 60.0  # dlq replay's --timeout (its default)
 LAST_REPLAY_TRIES = 5
+RESCALE_RETRY_S = 900.0  # how long the operator keeps running a failing rescale again
 
 
 @dataclass
@@ -233,8 +234,11 @@ class Operators:
             slot.wanted = True
 
     async def _run_rescale(self, partitions: int, lines: list[str]) -> None:
+        """``pipeline rescale``, run again after each failure as the operator would, for up to
+        RESCALE_RETRY_S (an outage outlasts twenty quick tries: seed 5616 of the default mix)."""
         world = self.world
-        for _ in range(20):
+        deadline = asyncio.get_running_loop().time() + RESCALE_RETRY_S
+        while asyncio.get_running_loop().time() < deadline:
             try:
                 await rescale(
                     BOOTSTRAP,

@@ -125,6 +125,10 @@ FOUND: dict[tuple[str, int], str] = {
         "default",
         3356,
     ): "a rolling restart finishing as a downtime began ran a worker through it (the world's own)",
+    (
+        "default",
+        5616,
+    ): "the operator gave a rescale up after twenty tries in a longer outage (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
