@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from pipeline.errors import PipelineError
 from pipeline.kafka.admin import partition_count
 from pipeline.kafka.clients import started_reader
+from pipeline.kafka.internals import stop_consumer
 from pipeline.records.dlq import DlqEntry, parse_entry
 from pipeline.records.key_history import read_at
 
@@ -58,7 +59,7 @@ async def reading(
         consumer.assign(tps)
         yield consumer, tps, (await consumer.end_offsets(tps) if tps else {})
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 async def scan(

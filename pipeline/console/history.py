@@ -30,6 +30,7 @@ from aiokafka.errors import KafkaError
 from pipeline.errors import PipelineError
 from pipeline.kafka.admin import ensure_topics, partition_count, redrive_history_spec
 from pipeline.kafka.clients import started_producer, started_reader
+from pipeline.kafka.internals import stop_consumer
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -293,4 +294,4 @@ class History:
     async def _drop_consumer(self) -> None:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
-            await consumer.stop()
+            await stop_consumer(consumer)

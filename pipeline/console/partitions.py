@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pipeline.console.workers import WorkerView
 from pipeline.kafka.admin import admin_client, partition_count
 from pipeline.kafka.clients import started_reader
+from pipeline.kafka.internals import stop_consumer
 from pipeline.topology import Topology
 
 
@@ -76,7 +77,7 @@ class Partitions:
             ends = await consumer.end_offsets(tps)
             times = await self._record_times(consumer, committed, tps)
         finally:
-            await consumer.stop()
+            await stop_consumer(consumer)
         return [self._row(tp, committed.get(tp), ends[tp], times.get(tp), views) for tp in tps]
 
     def _row(

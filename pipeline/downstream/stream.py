@@ -37,6 +37,7 @@ from aiokafka.errors import CommitFailedError, KafkaError, RebalanceInProgressEr
 
 from pipeline.downstream.commands import Command, CommandRecordError, KafkaRecord, consumer_settings
 from pipeline.errors import ConfigError
+from pipeline.kafka.internals import stop_consumer
 
 __all__ = ["CommandStream", "OffsetStore"]
 
@@ -145,7 +146,7 @@ class CommandStream:
         try:
             await self.commit()
         finally:
-            await self.consumer.stop()
+            await stop_consumer(self.consumer)
 
     async def __aenter__(self) -> CommandStream:
         await self.start()

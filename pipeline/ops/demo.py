@@ -34,6 +34,7 @@ from aiokafka.errors import KafkaError
 from pipeline.credentials import source_secrets
 from pipeline.errors import BrokerUnavailableError, PipelineError
 from pipeline.kafka.admin import partition_count
+from pipeline.kafka.internals import stop_consumer
 from pipeline.providers.signing import sign
 from pipeline.topology import Source, Topology, Verify
 
@@ -208,7 +209,7 @@ class Observer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._consumer.stop()
+        await stop_consumer(self._consumer)
 
 
 async def run_demo(

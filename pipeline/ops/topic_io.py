@@ -17,6 +17,7 @@ from pipeline.contract import http_headers_to_kafka
 from pipeline.errors import InvalidRecordError, PipelineError
 from pipeline.kafka.admin import partition_count, require_topic
 from pipeline.kafka.clients import started_producer, started_reader
+from pipeline.kafka.internals import stop_consumer
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.topology import Topology
 
@@ -74,7 +75,7 @@ async def tail(
             out.flush()
         return count
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)  # aiokafka lets a CancelledError out when the broker is away
 
 
 def read_webhooks(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:

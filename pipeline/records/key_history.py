@@ -17,6 +17,7 @@ import orjson
 from aiokafka import TopicPartition
 
 from pipeline.kafka.clients import started_reader
+from pipeline.kafka.internals import stop_consumer
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ async def read_key(
                     if first_only:
                         return found
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     return found
 
 
@@ -120,5 +121,5 @@ async def read_at(
                 headers = tuple((name, value or b"") for name, value in record.headers)
                 return Stored(topic, partition, offset, record.timestamp, record.key, record.value, headers)
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
     return None
