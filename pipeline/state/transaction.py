@@ -175,7 +175,9 @@ class Transaction:
         self.producer = producer
         self.group = group  # the group's generation and member ids now: taken as a transaction opens
         self._member: GroupMetadata | None = None  # ... by the open transaction
-        self.limits: Mapping[str, int] = limits or {}  # topic -> largest record it takes
+        self.limits: Mapping[str, int] = (
+            limits if limits is not None else {}
+        )  # topic -> largest record it takes
         self.timestamps: Mapping[str, tuple[int, int]] = timestamps or {}  # topic -> (before, after) ms
         self.send_bytes = send_bytes
         self.wall = wall or _wall

@@ -46,7 +46,7 @@ from pipeline.errors import (
 )
 from pipeline.state.transaction import CommitUncertainError, Transaction, TransactionFailedError
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.poison import RECORD_ERRORS
+from pipeline.worker.poison import RECORD_ERRORS, SIZE_ERRORS
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.stage import HandlerFailedError
 from pipeline.worker.task import ActiveTask
@@ -64,6 +64,7 @@ class Outcome:
     replace_producer: bool = False  # the producer is fenced or cannot continue
     rejoin: bool = False  # the group has moved on from this worker's generation (or its producer was fenced)
     fatal: PipelineError | None = None  # the worker cannot go on (a record not even the DLQ takes)
+    reread_limits: bool = False  # a record was refused as too large: a topic's limit may have been lowered
 
 
 class TaskExecutor:
@@ -225,6 +226,7 @@ class TaskExecutor:
         outcome.rewind = starts
         if isinstance(exc, TransactionFailedError):
             outcome.fatal = self._refused(exc, held, tasks)
+            outcome.reread_limits = isinstance(exc.__cause__ or exc, SIZE_ERRORS)
             outcome.replace_producer = self.txn.producer.needs_replacing
         elif isinstance(exc, GroupGenerationFencedError):
             log.warning("%s; aborted, rejoining the group", exc)

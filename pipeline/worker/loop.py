@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 FENCES_ALLOWED, FENCE_WINDOW_S = 5, 60.0  # producer fences in a row, within a window, before the worker stops
 PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
+LIMITS_TIMEOUT_S = 10.0  # reading the topics' limits again after a record was refused as too large
 
 _T = TypeVar("_T")
 
@@ -95,6 +96,9 @@ class Worker:
         self._executor: TaskExecutor | None = None
         self._restorer: Restorer | None = None
         self._http: web.AppRunner | None = None
+        # each topic's largest record, shared by the outputs' size checks and the transaction's batches:
+        # read at start, and again when the broker refuses a record as too large
+        self._limits: dict[str, int] = {}
 
     # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,7 +115,8 @@ class Worker:
         settings, io = self.settings, self.io
         layout = await io.layout(settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
-        outputs = OutputTopics(layout.counts, partitioner, layout.limits, layout.timestamps)
+        self._limits = dict(layout.limits)
+        outputs = OutputTopics(layout.counts, partitioner, self._limits, layout.timestamps)
         restorer = self._restorer = Restorer(
             lambda: io.changelog_reader(settings),
             RestoreBudget(settings.restore_budget_bytes),
@@ -148,7 +153,7 @@ class Worker:
         txn = Transaction(
             producer,
             group=group.metadata,
-            limits=outputs.limits,
+            limits=self._limits,
             timestamps=outputs.timestamps,
             send_bytes=settings.send_bytes,
             wall=io.wall,
@@ -310,11 +315,33 @@ class Worker:
         """Apply what the executor asks: tasks moved back, a rejoin, a new producer, a stop."""
         table = self._require(self._table)
         table.apply(outcome)
+        if outcome.reread_limits:
+            await self._reread_limits()
         if outcome.replace_producer:
             if outcome.rejoin:
                 self._count_fence()
             self._producer_wanted = True
             await self._replace_producer()
+
+    async def _reread_limits(self) -> None:
+        """A record was refused as too large: a topic's ``max.message.bytes`` may have been lowered under
+        the running worker. Read the limits again, so the next records too large for it are dead-lettered
+        by the size check before they are sent, not each found by refused transactions (seed 3276)."""
+        try:
+            async with asyncio.timeout(LIMITS_TIMEOUT_S):
+                layout = await self.io.layout(self.settings.bootstrap, self.topology)
+        except (PipelineError, KafkaError, TimeoutError) as exc:
+            log.warning("cannot read the topics' limits again (%s); keeping those read before", exc)
+            return
+        changed = {topic: limit for topic, limit in layout.limits.items() if self._limits.get(topic) != limit}
+        if changed:
+            log.warning(
+                "topic limits changed under the worker: %s",
+                ", ".join(
+                    f"{topic} {self._limits.get(topic)} -> {limit} bytes" for topic, limit in changed.items()
+                ),
+            )
+            self._limits.update(changed)
 
     def _count_fence(self) -> None:
         """A producer fenced again and again means another process has this worker's transactional id."""

@@ -52,6 +52,8 @@ RECORD_ERRORS = (
     InvalidTimestampError,
     InvalidTopicError,
 )
+# Of those, what a topic's limit refuses: a limit lowered since the worker read it
+SIZE_ERRORS = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
 
 
 class PoisonTracker:

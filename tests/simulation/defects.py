@@ -264,6 +264,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    20: (
+        "a topic limit lowered under running workers is never read again: each record costs refused transactions",
+        [
+            (
+                "worker/loop.py",
+                "        if outcome.reread_limits:\n            await self._reread_limits()\n",
+                "",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -45,6 +45,8 @@ CASES = [
     (18, "default", 1476, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
     # the rescale's consumer stopped with aiokafka's stop in an outage: a CancelledError ends the rescale
     (19, "default", 2269, "ConfigError('changelog sim-seen-changelog has 5 partitions but sim.raw has 3"),
+    # a command topic's limit lowered under running workers, never read again: refused transactions for every record
+    (20, "default", 3276, "livelock"),
 ]
 
 

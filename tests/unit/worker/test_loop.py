@@ -8,6 +8,7 @@ open for real (RocksDB in tmp_path) over fake transactional producers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError, ProducerFenced
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
 from pipeline.cli import services
 from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, UnstableOffsetsError
@@ -124,10 +125,11 @@ async def start_worker(tmp_path: Path) -> AsyncIterator[Starter]:
         committed: dict[TopicPartition, int] | None = None,
         logs: dict[TopicPartition, list[Any]] | None = None,
         reader: FakeReader | None = None,
+        limits: dict[str, str] | None = None,
         **overrides: Any,
     ) -> Running:
         consumer = FakeConsumer(assign=assign, committed=committed, logs=logs)
-        io, clients = fake_io(reader=reader, consumer=consumer)
+        io, clients = fake_io(reader=reader, consumer=consumer, limits=limits)
         # transactions stay open until the test acts, unless it asks for another policy
         values = {
             "commit_interval": 60.0,
@@ -603,3 +605,65 @@ async def test_a_committed_offset_that_stays_unreadable_stops_the_worker_with_on
     clients.group.refusals.extend(UnstableOffsetsError("held by a pending transaction") for _ in range(100))
     with pytest.raises(PartitionUnservedError, match=f"partition {INPUT}-0 cannot be served"):
         await asyncio.wait_for(worker.run(), 10)
+
+
+async def test_a_topic_limit_lowered_under_the_worker_is_read_again_after_one_refusal_and_the_rest_dead_lettered_up_front(
+    start_worker: Starter,
+) -> None:
+    """The command topic's max.message.bytes falls below the commands' size while the worker runs: the first
+    refused transaction makes the worker read the limits again, and the redo dead-letters every record too
+    large by the size check (too-large, keys unclaimed), with no further refusal (seed 3276: each record cost one
+    or two refused transactions and a new producer)."""
+    limits: dict[str, str] = {}
+    keys = keys_for(0, 6)
+    w = await start_worker(
+        assign={TP0}, logs={}, limits=limits, commit_policy="caught-up", commit_interval=4.0
+    )
+    w.run()
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    limits[TOPICS.commands] = "5000"  # lowered on the broker after the worker read its layout
+    w.producer.fail_commit_if = lambda sent: next(
+        (MessageSizeTooLargeError() for s in sent if s.topic == TOPICS.commands and len(s.value) > 5000),
+        None,
+    )
+    w.consumer.logs[TP0].extend(record(i, key, value=body(key, pad=6000)) for i, key in enumerate(keys))
+    await eventually(lambda: w.producer.committed_offset() == 6, timeout=5.0, what="all six committed")
+    assert w.producer.calls.count("abort") == 1  # the one refusal that taught the worker the new limit
+    assert [(d["offset"], d["reason"]) for d in w.producer.dlq()] == [(i, "too-large") for i in range(6)]
+    assert w.producer.committed_keys(TOPICS.commands) == []
+    await w.stop()
+
+
+async def test_limits_that_cannot_be_read_again_leave_the_refused_records_to_the_bisection(
+    tmp_path: Path,
+) -> None:
+    """The broker is away when the worker reads the limits again: it keeps those it had, and the refused record
+    still reaches the DLQ alone (unproducible) by the bisection; the others commit."""
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs={}))
+    first_layout = io.layout
+
+    async def layout_once(bootstrap: str, topology: Any) -> Any:
+        if clients.consumer.started:
+            raise KafkaConnectionError("the broker is away")
+        return await first_layout(bootstrap, topology)
+
+    io = dataclasses.replace(io, layout=layout_once)
+    worker = Worker(settings(tmp_path, commit_policy="caught-up", commit_interval=4.0), TOPOLOGY, io=io)
+    await worker.start()
+    w = Running(worker, clients)
+    w.run()
+    await eventually(lambda: (t := _part(worker, TP0)) is not None and t.serving)
+    keys = keys_for(0, 4)
+    w.producer.fail_commit_if = lambda sent: next(
+        (MessageSizeTooLargeError() for s in sent if s.topic == TOPICS.commands and len(s.value) > 5000), None
+    )
+    w.consumer.logs[TP0].extend(
+        record(i, key, value=body(key, pad=6000 if i == 2 else 0)) for i, key in enumerate(keys)
+    )
+    await eventually(lambda: w.producer.committed_offset() == 4, timeout=5.0, what="all four committed")
+    assert [(d["offset"], d["reason"]) for d in w.producer.dlq()] == [(2, "unproducible")]
+    assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == [
+        k for i, k in enumerate(keys) if i != 2
+    ]
+    assert not w.task.done()  # the worker goes on
+    await w.stop()
