@@ -92,15 +92,19 @@ async def rescale(
     group: str,
     state_file: Path,
     progress: Progress = print,
+    open_transaction_timeout: float = OPEN_TRANSACTION_TIMEOUT_S,
 ) -> int:
     """Raise every topic to ``partitions`` and move changelog entries to their new owners.
 
     Returns the number of entries re-published. Safe to run again after an
     interruption: finished changelog partitions are skipped. A Kafka error on
-    the way is a :class:`RescaleError` (run it again).
+    the way is a :class:`RescaleError` (run it again), and so is a transaction
+    still open on a changelog partition after ``open_transaction_timeout`` seconds.
     """
     try:
-        return await _rescale(bootstrap, topology, partitions, group, state_file, progress)
+        return await _rescale(
+            bootstrap, topology, partitions, group, state_file, progress, open_transaction_timeout
+        )
     except KafkaError as exc:
         raise RescaleError(
             f"the rescale stopped on a Kafka error ({exc!r}): run it again, it resumes"
@@ -108,7 +112,13 @@ async def rescale(
 
 
 async def _rescale(
-    bootstrap: str, topology: Topology, partitions: int, group: str, state_file: Path, progress: Progress
+    bootstrap: str,
+    topology: Topology,
+    partitions: int,
+    group: str,
+    state_file: Path,
+    progress: Progress,
+    open_transaction_timeout: float,
 ) -> int:
     await _require_no_members(bootstrap, group, "still has")
     current = await partition_count(bootstrap, topology.topics.input)
@@ -134,7 +144,9 @@ async def _rescale(
             )
         progress(f"  {topology.topics.input} has {current} partitions: the entries moved in an earlier run")
     else:
-        moved = await _move_entries(bootstrap, changelogs, partitions, group, state_file, done, progress)
+        moved = await _move_entries(
+            bootstrap, changelogs, partitions, group, state_file, done, progress, open_transaction_timeout
+        )
     rest = [spec.name for spec in topic_specs(topology, partitions) if spec.name not in changelogs]
     rest.remove(topology.topics.input)
     await _raise_partitions(bootstrap, rest, partitions, progress)
@@ -152,6 +164,7 @@ async def _move_entries(
     state_file: Path,
     done: Done,
     progress: Progress,
+    open_transaction_timeout: float,
 ) -> int:
     """Raise the changelogs, move every entry whose owner changed, and check nothing else wrote meanwhile."""
     await _raise_partitions(bootstrap, changelogs, partitions, progress)
@@ -164,7 +177,12 @@ async def _move_entries(
                 progress(f"  {changelog}[{partition}] already moved")
                 continue
             end, targets = await _move_partition(
-                bootstrap, TopicPartition(changelog, partition), partitions, progress, limit
+                bootstrap,
+                TopicPartition(changelog, partition),
+                partitions,
+                progress,
+                limit,
+                open_transaction_timeout,
             )
             done.read(changelog, partition, end)
             for target, count in targets.items():
@@ -296,25 +314,31 @@ async def _high_watermarks(bootstrap: str, tps: list[TopicPartition]) -> dict[To
         await stop_consumer(consumer)  # aiokafka lets a CancelledError out when the broker is away
 
 
-async def _settled_end(consumer: AIOKafkaConsumer, bootstrap: str, tp: TopicPartition) -> int:
-    """The partition's end once no transaction is open on it (its last stable offset reached its end)."""
-    waited = 0.0
-    while True:
-        stable = (await consumer.end_offsets([tp]))[tp]
-        if stable == (await _high_watermarks(bootstrap, [tp]))[tp]:
-            return int(stable)
-        if waited >= OPEN_TRANSACTION_TIMEOUT_S:
-            raise RescaleError(
-                f"{tp.topic}[{tp.partition}] still holds an open transaction after {waited:.0f}s (a worker "
-                "still running, or one killed whose transaction the broker aborts after the worker's "
-                "--transaction-timeout): run the rescale again later"
-            )
-        await asyncio.sleep(OPEN_TRANSACTION_POLL_S)
-        waited += OPEN_TRANSACTION_POLL_S
+async def _settled_end(consumer: AIOKafkaConsumer, bootstrap: str, tp: TopicPartition, timeout: float) -> int:
+    """The partition's end once no transaction is open on it (the last stable offset ``consumer``, reading
+    committed, gives reached the end), waiting up to ``timeout`` seconds."""
+    uncommitted = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await uncommitted.start()
+    try:
+        waited = 0.0
+        while True:
+            stable = (await consumer.end_offsets([tp]))[tp]
+            if stable == (await uncommitted.end_offsets([tp]))[tp]:
+                return int(stable)
+            if waited >= timeout:
+                raise RescaleError(
+                    f"{tp.topic}[{tp.partition}] still holds an open transaction after {waited:.0f}s (a worker "
+                    "still running, or one killed whose transaction the broker aborts after the worker's "
+                    "--transaction-timeout): run the rescale again later"
+                )
+            await asyncio.sleep(OPEN_TRANSACTION_POLL_S)
+            waited += OPEN_TRANSACTION_POLL_S
+    finally:
+        await stop_consumer(uncommitted)  # aiokafka lets a CancelledError out when the broker is away
 
 
 async def _move_partition(
-    bootstrap: str, tp: TopicPartition, partitions: int, progress: Progress, limit: int
+    bootstrap: str, tp: TopicPartition, partitions: int, progress: Progress, limit: int, timeout: float
 ) -> tuple[int, dict[int, int]]:
     """Re-publish the entries of one old changelog partition whose owner changed, in batches of at most
     ``limit`` bytes (the topic's own limit); the offset read up to, and how many went to each partition."""
@@ -330,7 +354,7 @@ async def _move_partition(
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        end = await _settled_end(consumer, bootstrap, tp)
+        end = await _settled_end(consumer, bootstrap, tp, timeout)
         started = time.monotonic()
         while await consumer.position(tp) < end:
             batch = await consumer.getmany(tp, timeout_ms=200, max_records=5000)

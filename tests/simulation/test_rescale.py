@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from pipeline.kafka.admin import partition_count, topic_specs
 from pipeline.kafka.partitioner import owner_partition
@@ -18,7 +19,7 @@ from pipeline.state.decision import Entry
 from pipeline.topology import Topology, parse
 from tests.simulation import broker as b
 from tests.simulation import wire
-from tests.simulation.records import decode_produced, plain_batch
+from tests.simulation.records import ABORT, decode_produced, plain_batch
 from tests.simulation.test_broker_rules import GROUP, Model
 
 BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
@@ -69,9 +70,17 @@ def _write_entry(model: Model, topology: Topology, key: bytes, *, offset: int, p
     assert error == b.NONE
 
 
-async def _rescale(topology: Topology, partitions: int, state: Path, progress: Callable[[str], None]) -> int:
+async def _rescale(
+    topology: Topology, partitions: int, state: Path, progress: Callable[[str], None], **options: float
+) -> int:
     return await rescale(
-        BOOTSTRAP, topology, partitions=partitions, group=GROUP, state_file=state, progress=progress
+        BOOTSTRAP,
+        topology,
+        partitions=partitions,
+        group=GROUP,
+        state_file=state,
+        progress=progress,
+        **options,
     )
 
 
@@ -135,14 +144,7 @@ def test_a_changelog_written_while_its_entries_move_fails_the_rescale_before_the
 
     async def scenario(model: Model) -> None:
         with pytest.raises(RescaleError, match=r"sim-seen-changelog\[0\] written while the rescale ran"):
-            await rescale(
-                BOOTSTRAP,
-                topology,
-                partitions=2,
-                group=GROUP,
-                state_file=state,
-                progress=write_after_the_read,
-            )
+            await _rescale(topology, 2, state, write_after_the_read)
         assert await partition_count(BOOTSTRAP, topology.topics.input) == 1
         assert await partition_count(BOOTSTRAP, topology.topics.changelog) == 2
         assert late not in _entries(model, topology, 1)
@@ -220,5 +222,37 @@ def test_a_rescale_stopped_after_the_input_grew_finishes_without_moving_again(tm
         assert await _rescale(topology, 2, state, lines.append) == 0
         assert any("the entries moved in an earlier run" in line for line in lines)
         assert not state.exists()
+
+    assert not model.run_clients(scenario).errors
+
+
+def test_a_transaction_left_open_on_a_changelog_makes_the_rescale_wait_then_fail_before_the_input_grows(
+    tmp_path: Path,
+) -> None:
+    """An old changelog partition holds an open transaction (a worker killed mid-commit): the rescale waits for
+    it, gives up after its timeout naming the partition, with the input unraised; once the transaction ends
+    (the broker aborts it), the next run moves the entries and raises the input."""
+    topology = _topology()
+    model = _model(topology, keys=20)
+    state = tmp_path / "r.json"
+    now = model.broker.now_ms()
+    pid, epoch = 7_777, 0
+    builder = DefaultRecordBatchBuilder(2, 0, 1, pid, epoch, 0, 1024 * 1024)
+    builder.append(0, timestamp=now, key=b"stripe:pending", value=b"{}", headers=[])
+    [pending] = decode_produced(bytes(builder.build()))
+    log = model.broker.log(topology.topics.changelog, 0)
+    assert log is not None
+    assert log.append(pending, model.broker.topics[topology.topics.changelog].config, now)[0] == b.NONE
+
+    async def scenario(model: Model) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(RescaleError, match=r"sim-seen-changelog\[0\] still holds an open transaction"):
+            await _rescale(topology, 2, state, lambda _line: None, open_transaction_timeout=5.0)
+        assert loop.time() - began >= 5.0  # it waited for the transaction
+        assert await partition_count(BOOTSTRAP, topology.topics.input) == 1
+        log.append_marker(pid, epoch, ABORT, model.broker.now_ms())
+        assert await _rescale(topology, 2, state, lambda _line: None) > 0
+        assert await partition_count(BOOTSTRAP, topology.topics.input) == 2
 
     assert not model.run_clients(scenario).errors
