@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 import orjson
 import pytest
+import xxhash
 
 from pipeline.state import decision
 from pipeline.state.decision import Decision, Entry, Outcome, decide
@@ -14,7 +16,13 @@ TTL = 1_000
 
 
 def _decide(
-    existing: Entry | None, ts: int, *, sliding: bool = False, offset: int = 0, stream_time: int = 0
+    existing: Entry | None,
+    ts: int,
+    *,
+    sliding: bool = False,
+    offset: int = 0,
+    stream_time: int = 0,
+    body_hash: str | None = None,
 ) -> Decision:
     return decide(
         existing,
@@ -26,6 +34,7 @@ def _decide(
         stream_time=stream_time,
         command="c",
         topic="t",
+        body_hash=body_hash,
     )
 
 
@@ -45,6 +54,15 @@ def test_a_copy_inside_the_ttl_is_a_duplicate_and_counted() -> None:
     assert decision.entry.duplicates == 1
     assert decision.entry.last_seen == 900
     assert decision.entry.expires_at == 1_100
+
+
+def test_a_copy_with_the_first_copys_body_counts_no_conflict() -> None:
+    """A duplicate whose body fingerprint is the first copy's is DUPLICATE and leaves the conflict count at 0."""
+    first = _decide(None, 100, body_hash="x:1").entry
+    again = _decide(first, 200, offset=1, stream_time=100, body_hash="x:1")
+    assert again.outcome is Outcome.DUPLICATE
+    assert again.entry.conflicts == 0
+    assert again.entry.duplicates == 1
 
 
 def test_a_copy_at_or_after_expiry_is_processed_again() -> None:
@@ -182,7 +200,9 @@ def test_normalised_fingerprints_ignore_volatile_fields_and_key_order() -> None:
     assert decision.normalised_fingerprint(a) != decision.normalised_fingerprint(b)
 
 
-STRIPE_VOLATILE = decision.volatile_pattern(["pending_webhooks"])
+def _stripe_volatile() -> re.Pattern[bytes] | None:
+    """Stripe's volatile field, compiled in the test (not at import: mutation testing must see the call)."""
+    return decision.volatile_pattern(["pending_webhooks"])
 
 
 @pytest.mark.parametrize(
@@ -198,8 +218,8 @@ STRIPE_VOLATILE = decision.volatile_pattern(["pending_webhooks"])
 def test_body_fingerprints_ignore_only_the_providers_volatile_field(retry: bytes) -> None:
     """A retry whose bytes differ only in the volatile field's value has the first copy's fingerprint."""
     first = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1, "type": "a.b"}'
-    assert decision.body_fingerprint(retry, STRIPE_VOLATILE) == decision.body_fingerprint(
-        first, STRIPE_VOLATILE
+    assert decision.body_fingerprint(retry, _stripe_volatile()) == decision.body_fingerprint(
+        first, _stripe_volatile()
     )
     assert decision.body_fingerprint(retry) != decision.body_fingerprint(first)
 
@@ -215,8 +235,8 @@ def test_body_fingerprints_ignore_only_the_providers_volatile_field(retry: bytes
 def test_body_fingerprints_differ_for_any_other_change_in_the_bytes(other: bytes) -> None:
     """Any change outside the volatile field, re-serialisation included, gives another fingerprint."""
     first = b'{"id": "evt_1", "data": {"x": 1}, "pending_webhooks": 1, "type": "a.b"}'
-    assert decision.body_fingerprint(other, STRIPE_VOLATILE) != decision.body_fingerprint(
-        first, STRIPE_VOLATILE
+    assert decision.body_fingerprint(other, _stripe_volatile()) != decision.body_fingerprint(
+        first, _stripe_volatile()
     )
 
 
@@ -232,7 +252,7 @@ def test_the_previous_versions_fingerprint_is_blake2b_of_the_body_without_its_vo
     """``blake_fingerprint`` still gives what entries written by the previous version hold."""
     body = b'{"id": "evt_1", "pending_webhooks": 3, "type": "a.b"}'
     expected = hashlib.blake2b(b'{"id": "evt_1", , "type": "a.b"}', digest_size=8).hexdigest()
-    assert decision.blake_fingerprint(body, STRIPE_VOLATILE) == decision.BLAKE_FINGERPRINT + expected
+    assert decision.blake_fingerprint(body, _stripe_volatile()) == decision.BLAKE_FINGERPRINT + expected
 
 
 def test_the_oldest_fingerprint_is_blake2b_of_the_event_with_sorted_keys_without_its_volatile_fields() -> (
@@ -252,14 +272,31 @@ def test_a_copy_is_fingerprinted_by_the_kind_its_entry_holds(kind: str) -> None:
     changed = b'{"id": "evt_1", "data": {"x": 2}, "pending_webhooks": 1}'
     names = ["pending_webhooks"]
     held = {
-        "raw": decision.body_fingerprint(first, STRIPE_VOLATILE),
-        "blake": decision.blake_fingerprint(first, STRIPE_VOLATILE),
+        "raw": decision.body_fingerprint(first, _stripe_volatile()),
+        "blake": decision.blake_fingerprint(first, _stripe_volatile()),
         "normalised": decision.normalised_fingerprint(orjson.loads(first), names),
     }[kind]
 
     def like(body: bytes) -> str:
-        return decision.fingerprint_like(held, body, STRIPE_VOLATILE, names, lambda: orjson.loads(body))
+        return decision.fingerprint_like(held, body, _stripe_volatile(), names, lambda: orjson.loads(body))
 
     assert like(retry) == held
     assert like(changed) != held
     assert not decision.normalised_fingerprint({}).startswith(decision.RAW_FINGERPRINT)
+
+
+def test_a_volatile_pattern_blanks_each_named_scalar_field_and_no_fields_give_none() -> None:
+    """Each named field's ``"name": scalar`` is cut from the body, whatever its spacing; no names, no pattern."""
+    pattern = decision.volatile_pattern(["pending_webhooks", "attempt"])
+    assert pattern is not None
+    body = b'{"id": "evt_1", "pending_webhooks" : 3, "attempt":"2", "type": "a.b"}'
+    assert pattern.sub(b"", body) == b'{"id": "evt_1", , , "type": "a.b"}'
+    assert decision.volatile_pattern([]) is None
+
+
+def test_a_body_fingerprint_is_xxh3_of_the_body_without_its_volatile_fields() -> None:
+    """Stored entries hold this fingerprint: it is xxh3 of the bytes with each volatile field cut out, nothing
+    put in its place, so a worker of any version compares a copy with the same value."""
+    body = b'{"id": "evt_1", "pending_webhooks": 3, "type": "a.b"}'
+    expected = xxhash.xxh3_64_hexdigest(b'{"id": "evt_1", , "type": "a.b"}')
+    assert decision.body_fingerprint(body, _stripe_volatile()) == decision.RAW_FINGERPRINT + expected

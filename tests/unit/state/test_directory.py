@@ -330,3 +330,85 @@ def test_the_stores_on_disk_report_their_changelog_positions_and_a_missing_state
         store.close()
     found = directory.stored_positions(tmp_path, topology, "group", {"raw": identity})
     assert found == {TopicPartition("raw", 0): 4, TopicPartition("raw", 2): 9}
+
+
+class RecordingOpener:
+    """Opens stores as ``PartitionStore.open`` does and remembers how each was asked for (the simulation passes
+    its own opener: whatever opens a store must go through the one it is given)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(
+        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
+    ) -> PartitionStore:
+        self.calls.append({"path": path, "bucket_ms": bucket_ms, "identity": identity, "follow": follow})
+        return PartitionStore.open(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+
+def test_a_store_reopened_to_follow_follows_and_is_opened_through_the_opener_given(tmp_path: Path) -> None:
+    """reopen(follow=True) gives a store that follows its changelog, opened by the caller's opener with the same
+    path, bucket width and the identity asked."""
+    path = tmp_path / "s"
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS)
+    opener = RecordingOpener()
+    again = directory.reopen(store, identity=OURS, follow=True, opener=opener)
+    try:
+        assert again.follow
+        assert opener.calls == [{"path": path, "bucket_ms": HOUR, "identity": OURS, "follow": True}]
+    finally:
+        again.close()
+
+
+def test_a_rebuilt_store_follows_as_the_old_one_did_and_carries_its_identity(tmp_path: Path) -> None:
+    """rebuild keeps how the store was opened (following its changelog) and writes the identity into the new
+    store: another partition's owner is refused it afterwards, through the opener given."""
+    path = tmp_path / "s"
+    _claimed_store(path, OURS)
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS, follow=True)
+    opener = RecordingOpener()
+    fresh = directory.rebuild(store, identity=OURS, why="stale", opener=opener)
+    assert fresh.follow
+    assert opener.calls == [{"path": path, "bucket_ms": HOUR, "identity": OURS, "follow": True}]
+    fresh.write_raw([], changelog_offset=0, stream_time=0)
+    fresh.close()
+    with pytest.raises(StoreIdentityError):
+        PartitionStore.open(path, bucket_ms=HOUR, identity=OURS._replace(partition=1)).close()
+
+
+def test_only_the_topologys_own_stores_claim_positions_each_opened_to_follow(tmp_path: Path) -> None:
+    """Among the lock file, a wiped store, a directory that is no store, a store of a topic not consumed and one
+    of another changelog, only the group's own stores claim (a topic name with dashes included), each opened
+    to follow and closed; a wiped store is not created again, and one refused does not end the scan."""
+    topology = load(TOPOLOGY_PATH)
+    identity = OURS._replace(app=topology.app, topic="web-raw")
+    root = tmp_path / topology.app / "group"
+
+    def store_at(name: str, ident: StoreIdentity, offset: int) -> None:
+        store = PartitionStore.open(root / name, bucket_ms=HOUR, identity=ident)
+        store.write({}, changelog_offset=offset, stream_time=0)
+        store.close()
+
+    root.mkdir(parents=True)
+    (root / ".lock").write_text("123")
+    (root / "web-raw-0").mkdir()  # wiped: nothing until it is opened again
+    (root / "web-raw-x").mkdir()  # not a partition's store
+    store_at(
+        "other-0", OURS._replace(app=topology.app, topic="other"), 3
+    )  # a topic this worker does not consume
+    store_at("web-raw-1", identity._replace(partition=1, changelog_id="topic-old"), 5)  # another changelog's
+    store_at("web-raw-2", identity._replace(partition=2), 9)
+    opener = RecordingOpener()
+    found = directory.stored_positions(tmp_path, topology, "group", {"web-raw": identity}, opener=opener)
+    assert found == {TopicPartition("web-raw", 2): 9}
+    assert not (root / "web-raw-0" / "CURRENT").exists()
+    bucket_ms = directory.topology_bucket_ms(topology)
+    assert opener.calls == [
+        {
+            "path": root / name,
+            "bucket_ms": bucket_ms,
+            "identity": identity._replace(partition=p),
+            "follow": True,
+        }
+        for name, p in (("web-raw-1", 1), ("web-raw-2", 2))
+    ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import OffsetOutOfRangeError
+from aiokafka.errors import CorruptRecordException, OffsetOutOfRangeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
@@ -33,18 +33,7 @@ def _batch(
 ) -> bytes:
     """One v2 batch of changelog records stamped ``stamped``; with ``log_append_time`` as a broker with
     ``message.timestamp.type=LogAppendTime`` writes it (the type bit set, max timestamp the append time)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for offset, (key, entry) in enumerate(entries):
-        builder.append(offset, timestamp=stamped, key=key, value=entry.encode(), headers=[])
-    raw = bytearray(builder.build())
+    raw = bytearray(_records_batch([(key, entry.encode()) for key, entry in entries], stamped=stamped))
     if log_append_time:
         attributes = struct.unpack_from(">h", raw, ATTRIBUTES_OFFSET)[0] | LOG_APPEND_TIME
         struct.pack_into(">h", raw, ATTRIBUTES_OFFSET, attributes)
@@ -176,3 +165,46 @@ async def test_a_fetch_out_of_range_at_the_log_start_means_the_store_is_beyond_t
     with pytest.raises(StoreStaleError, match="offset 2 is beyond the changelog's end"):
         async with asyncio.timeout(5):  # skipping to where it stands would fetch the same refusal forever
             await replay.run(5)
+
+
+def _records_batch(records: list[tuple[bytes | None, bytes | None]], *, stamped: int = T0) -> bytes:
+    """One v2 batch of raw ``(key, value)`` records at offsets 0.. (a value of None: a tombstone)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset, (key, value) in enumerate(records):
+        builder.append(offset, timestamp=stamped, key=key, value=value, headers=[])
+    return bytes(builder.build())
+
+
+async def test_tombstones_and_keyless_records_are_read_past_and_never_written(served: PartitionStore) -> None:
+    """A tombstone (a key without a value, as compaction leaves) and a record without a key count as read and
+    move the position on; only the entries are written."""
+    entry = _entry(T0)
+    raw = _records_batch(
+        [(b"a", entry.encode()), (b"gone", None), (None, entry.encode()), (b"b", entry.encode())]
+    )
+    replay = Replay(served, OneBatchReader(raw, 4), CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    assert await replay.run(4) == 4
+    assert sorted(served.get_many([b"a", b"gone", b"b"])) == [b"a", b"b"]
+    assert served.changelog_offset == 3
+
+
+async def test_a_batch_with_a_bad_crc_stops_the_replay_naming_the_changelog_and_the_offset(
+    served: PartitionStore,
+) -> None:
+    """A fetched batch whose CRC does not match its bytes is never applied: the replay raises
+    CorruptRecordException saying which changelog and which offset, and the store keeps its position."""
+    raw = bytearray(_records_batch([(b"a", _entry(T0).encode())]))
+    raw[-1] ^= 0xFF  # a flipped bit in the record, inside what the CRC covers
+    replay = Replay(served, OneBatchReader(bytes(raw), 1), CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    with pytest.raises(CorruptRecordException, match=r"app-seen-changelog.*bad CRC at offset 0"):
+        await replay.run(1)
+    assert served.get_many([b"a"]) == {}
+    assert served.changelog_offset == -1

@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.memory_records import MemoryRecords
 
-from pipeline.errors import BrokerUnavailableError
+from pipeline.errors import BrokerUnavailableError, StoreStaleError
 from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget, Restorer, expires_at
@@ -148,17 +148,19 @@ async def test_a_restore_replays_to_the_log_end_and_reports_what_is_left_as_it_g
         await restorer.close()
 
 
+@pytest.mark.parametrize("call", ["restore", "end_of"])
 async def test_a_restore_that_cannot_reach_the_broker_is_broker_unavailable_naming_the_changelog(
-    tmp_path: Path,
+    tmp_path: Path, call: str
 ) -> None:
-    """aiokafka's connection error becomes BrokerUnavailableError, with the changelog and the cause."""
+    """aiokafka's connection error becomes BrokerUnavailableError, with the changelog and the cause (a restore,
+    and the end read before one)."""
     budget = RestoreBudget(10_000)
     reader = SplitReader([b"a"], budget, down=True)
     restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
     store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
     try:
         with pytest.raises(BrokerUnavailableError, match=r"restore .*app-seen-changelog.*broker down"):
-            await restorer.restore(store, CHANGELOG)
+            await getattr(restorer, call)(store, CHANGELOG)
     finally:
         store.close()
         await restorer.close()
@@ -197,5 +199,26 @@ async def test_a_standby_round_waits_while_a_restore_waits_for_the_budget(tmp_pa
     finally:
         for task in (first, second, round_):
             task.cancel()
+        store.close()
+        await restorer.close()
+
+
+async def test_a_store_beyond_its_changelogs_end_is_stale_naming_the_changelog_partition_and_the_end(
+    tmp_path: Path,
+) -> None:
+    """A store at offset 4 of a changelog that ends at 2 (another log): the restore and end_of both refuse it
+    with StoreStaleError naming the changelog partition and its end."""
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a", b"b"], budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    store.write_raw([], changelog_offset=4, stream_time=0)
+    try:
+        beyond = r"at changelog offset 4, beyond the end of app-seen-changelog-0 \(2\)"
+        with pytest.raises(StoreStaleError, match=beyond):
+            await restorer.restore(store, CHANGELOG)
+        with pytest.raises(StoreStaleError, match=beyond):
+            await restorer.end_of(store, CHANGELOG)
+    finally:
         store.close()
         await restorer.close()

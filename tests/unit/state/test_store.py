@@ -132,6 +132,10 @@ def test_bucket_width_is_a_tenth_of_the_ttl_and_at_least_an_hour() -> None:
     """About ten live buckets per TTL, never narrower than an hour."""
     assert bucket_width(7 * 24 * HOUR) == int(16.8 * HOUR)
     assert bucket_width(HOUR) == MIN_BUCKET_MS
+    assert (
+        bucket_width(7 * 24 * HOUR + 7) == (7 * 24 * HOUR + 7) // 10
+    )  # whole milliseconds: bucket names are integers
+    assert isinstance(bucket_width(7 * 24 * HOUR + 7), int)
 
 
 def test_stores_use_a_bloom_filter_and_bounded_memtables(store: PartitionStore) -> None:
