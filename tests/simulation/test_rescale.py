@@ -256,3 +256,37 @@ def test_a_transaction_left_open_on_a_changelog_makes_the_rescale_wait_then_fail
         assert await partition_count(BOOTSTRAP, topology.topics.input) == 2
 
     assert not model.run_clients(scenario).errors
+
+
+def test_a_rescale_killed_between_its_sends_and_its_progress_file_ends_on_a_later_run(tmp_path: Path) -> None:
+    """2 -> 3, killed after partition 1's moves were written but before the progress file counted them: those
+    writes land on partition 0, already read, and the next run takes them for a worker's and fails before the
+    input grows (its moves forgotten); the run after that moves everything again and raises the input, every
+    entry on its new owner."""
+    topology = _topology(partitions=2)
+    model = _model(topology, keys=60)
+    before = {**_entries(model, topology, 0), **_entries(model, topology, 1)}
+    state = tmp_path / "r.json"
+    reads: list[str] = []
+
+    def killed_after_the_second_read(line: str) -> None:
+        if "keys read" in line:
+            reads.append(line)
+            if len(reads) == 2:
+                raise KeyboardInterrupt
+
+    async def scenario(model: Model) -> None:
+        with pytest.raises(KeyboardInterrupt):
+            await _rescale(topology, 3, state, killed_after_the_second_read)
+        with pytest.raises(RescaleError, match=r"sim-seen-changelog\[0\] written while the rescale ran"):
+            await _rescale(topology, 3, state, lambda _line: None)
+        assert await partition_count(BOOTSTRAP, topology.topics.input) == 2
+        await _rescale(topology, 3, state, lambda _line: None)
+        assert await partition_count(BOOTSTRAP, topology.topics.input) == 3
+        for key, value in before.items():
+            owner = owner_partition(key, 3)
+            moved = owner != owner_partition(key, 2)
+            assert _entries(model, topology, owner)[key] == (_unseen(value) if moved else value)
+
+    assert not model.run_clients(scenario).errors
+    assert not state.exists()
