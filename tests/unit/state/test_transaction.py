@@ -345,7 +345,8 @@ async def test_an_outputs_timestamp_is_kept_exactly_within_its_topics_bounds(
 async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_topics_bounds(
     store: PartitionStore,
 ) -> None:
-    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now."""
+    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now. A part
+    left restamping as its transaction ends restamps nothing in the next one."""
     producer = StandInProducer(store)
     now = 1_800_000_000_000
     ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
@@ -355,6 +356,11 @@ async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_to
     ckpt.consumed(1)
     await ckpt.txn.commit()
     assert producer.records["commands"] == [(b"a", now, [("original-timestamp", str(now - HOUR).encode())])]
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"b", value=b"{}", timestamp=now - HOUR)
+    ckpt.consumed(2)
+    await ckpt.txn.commit()
+    assert producer.records["commands"][1] == (b"b", now - HOUR, [])
 
 
 async def test_a_partition_is_in_the_transaction_from_the_first_record_taken_before_any_is_handled(
