@@ -4,6 +4,7 @@ then each partition's store."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,19 @@ from aiokafka.errors import InvalidTxnState, KafkaTimeoutError, ProducerFenced
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
-from pipeline.errors import ProducerFencedError, RecordTooLargeError, StoreError
+from pipeline.errors import IllegalTransitionError, ProducerFencedError, RecordTooLargeError, StoreError
 from pipeline.kafka.requests import GroupMetadata
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.decision import Entry
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import (
+    TXN_TRANSITIONS,
     CommitUncertainError,
     PartCommitted,
     Transaction,
     TransactionFailedError,
+    TxnState,
 )
 
 HOUR = 3_600_000
@@ -45,9 +48,12 @@ class StandInProducer:
         *,
         fail_commit: bool = False,
         errors: Mapping[str, BaseException] | None = None,
+        hold_sends: bool = False,
     ) -> None:
         self.store = store
         self.fail_commit = fail_commit
+        self.hold_sends = hold_sends  # each send's future left unanswered, in ``held``, for the test
+        self.held: list[asyncio.Future[Any]] = []
         self.errors = dict(errors or {})  # call ("offsets", "commit", "abort") -> the error it raises
         self.calls: list[str] = []
         self.sent: list[tuple[str, int, int]] = []  # topic, partition, records
@@ -69,11 +75,14 @@ class StandInProducer:
             self.records.setdefault(topic, []).append((r.key, r.timestamp, list(r.headers)))
         self.sent.append((topic, partition, batch.record_count()))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.set_result(_Sent(100))
+        if self.hold_sends:
+            self.held.append(future)
+        else:
+            future.set_result(_Sent(100))
         return future
 
     async def send_offsets_to_transaction(self, offsets: dict[TopicPartition, int], group: str) -> None:
-        self.calls.append(f"offsets {group} {next(iter(offsets.values()))}")
+        self.calls.append(f"offsets {group} {' '.join(str(offset) for offset in offsets.values())}")
         if "offsets" in self.errors:
             raise self.errors["offsets"]
 
@@ -146,12 +155,13 @@ async def test_the_store_is_written_only_after_the_commit(store: PartitionStore)
 
 
 async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: PartitionStore) -> None:
-    """A commit error aborts the transaction, forgets the batch (nothing is remembered as seen), and carries the broker's error."""
+    """A commit error aborts the transaction, forgets the batch (nothing is remembered as seen), and carries and names
+    the broker's error."""
     producer = StandInProducer(store, fail_commit=True)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
-    with pytest.raises(TransactionFailedError) as failed:
+    with pytest.raises(TransactionFailedError, match=r"transaction aborted: KafkaTimeoutError\(\)") as failed:
         await ckpt.txn.commit()
     assert isinstance(failed.value.__cause__, KafkaTimeoutError)  # the partition reads it to bisect
     assert producer.calls[-1] == "abort"
@@ -161,24 +171,29 @@ async def test_a_failed_commit_aborts_and_leaves_the_store_untouched(store: Part
 
 
 @pytest.mark.parametrize(
-    ("errors", "fenced"),
+    ("errors", "fenced", "failure"),
     [
-        ({"commit": ProducerFenced()}, True),  # a new producer's InitProducerId completes a begun commit
-        ({"commit": KafkaTimeoutError(), "abort": InvalidTxnState()}, False),  # the commit had begun
-        ({"commit": KafkaTimeoutError(), "abort": ProducerFenced()}, True),
+        # a new producer's InitProducerId completes a begun commit
+        ({"commit": ProducerFenced()}, True, "worker: fenced by a newer producer"),
+        # the commit had begun
+        ({"commit": KafkaTimeoutError(), "abort": InvalidTxnState()}, False, "KafkaTimeoutError"),
+        ({"commit": KafkaTimeoutError(), "abort": ProducerFenced()}, True, "KafkaTimeoutError"),
     ],
     ids=["fenced-at-commit", "abort-refused", "fenced-at-abort"],
 )
 async def test_a_commit_sent_and_not_answered_leaves_its_outcome_unknown(
-    store: PartitionStore, errors: dict[str, BaseException], *, fenced: bool
+    store: PartitionStore, errors: dict[str, BaseException], *, fenced: bool, failure: str
 ) -> None:
     """EndTxn sent, then a fence or an abort the broker refuses: the transaction may have committed, so
-    CommitUncertainError (never "aborted, redo"), the store untouched, every part reset."""
+    CommitUncertainError (never "aborted, redo") naming the failure of the commit, the store untouched, every
+    part reset."""
     producer = StandInProducer(store, errors=errors)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
-    with pytest.raises(CommitUncertainError) as failed:
+    with pytest.raises(
+        CommitUncertainError, match=f"the commit was sent and may have taken: {failure}"
+    ) as failed:
         await ckpt.txn.commit()
     assert failed.value.fenced is fenced
     assert "commit" in producer.calls
@@ -232,19 +247,22 @@ async def test_a_record_larger_than_its_topic_takes_is_refused_before_it_is_appe
 async def test_a_store_error_after_the_kafka_commit_ends_the_transaction_and_is_returned(
     store: PartitionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kafka committed but RocksDB refused: the part's StoreError comes back in the result (its task reopens;
-    the others' stores are written), no open transaction left."""
+    """Kafka committed but RocksDB refused: the part's StoreError comes back in the result with its record count
+    and no key expired (its task reopens; the others' stores are written), no open transaction left."""
     producer = StandInProducer(store)
     ckpt = _checkpoint(producer, store)
     await ckpt.begin()
     _stage_one(ckpt)
+    refusal = StoreError("disk full")
 
     def refuse(*_args: object, **_kwargs: object) -> None:
-        raise StoreError("disk full")
+        raise refusal
 
     monkeypatch.setattr(store, "write", refuse)
     committed = await ckpt.txn.commit()
-    assert isinstance(committed.parts[TopicPartition("raw", 0)].store_error, StoreError)
+    assert committed.parts[TopicPartition("raw", 0)] == PartCommitted(
+        records=1, expired=0, store_error=refusal
+    )
     assert producer.calls[-1] == "commit"
     assert not ckpt.in_transaction
     assert not ckpt.txn.open
@@ -327,7 +345,8 @@ async def test_an_outputs_timestamp_is_kept_exactly_within_its_topics_bounds(
 async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_topics_bounds(
     store: PartitionStore,
 ) -> None:
-    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now."""
+    """The broker refused the record's outputs for their timestamp once: redone, every output is stamped now. A part
+    left restamping as its transaction ends restamps nothing in the next one."""
     producer = StandInProducer(store)
     now = 1_800_000_000_000
     ckpt = _checkpoint(producer, store, timestamps={"commands": (24 * HOUR, HOUR)}, wall=lambda: now / 1000)
@@ -337,6 +356,11 @@ async def test_a_record_redone_to_be_restamped_is_stamped_now_even_within_its_to
     ckpt.consumed(1)
     await ckpt.txn.commit()
     assert producer.records["commands"] == [(b"a", now, [("original-timestamp", str(now - HOUR).encode())])]
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"b", value=b"{}", timestamp=now - HOUR)
+    ckpt.consumed(2)
+    await ckpt.txn.commit()
+    assert producer.records["commands"][1] == (b"b", now - HOUR, [])
 
 
 async def test_a_partition_is_in_the_transaction_from_the_first_record_taken_before_any_is_handled(
@@ -373,3 +397,67 @@ async def test_a_transaction_is_due_at_max_records_or_at_its_interval_and_never_
     assert not ckpt.txn.due(interval=1.0, max_records=3)
     clock[0] = 101.0
     assert ckpt.txn.due(interval=1.0, max_records=3)
+
+
+async def test_a_transaction_with_no_input_offset_commits_without_sending_offsets(
+    store: PartitionStore,
+) -> None:
+    """Outputs but no input record handled (no part has an offset): no TxnOffsetCommit, only the commit."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=1)
+    await ckpt.txn.commit()
+    assert producer.calls == ["begin", "commit"]
+    assert producer.sent == [("commands", 0, 1)]
+
+
+@pytest.mark.parametrize(("short", "sent"), [(0, True), (1, False)], ids=["at-send-bytes", "a-byte-short"])
+async def test_a_batch_that_reached_send_bytes_is_sent_at_the_next_drain(
+    store: PartitionStore, short: int, *, sent: bool
+) -> None:
+    """``send_bytes`` is reached inclusively: a batch of exactly that size is sent at the next drain, before the
+    commit; a batch a byte short of it waits."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(producer, store)
+    alone = ckpt.txn.producer.batch(4096)  # the same record alone in a batch: the size the drain reads
+    alone.append(key=b"a", value=b"x" * 100, timestamp=1, headers=[])
+    ckpt.txn.send_bytes = alone.size() + short
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"x" * 100, timestamp=1)
+    await ckpt.drain()
+    assert producer.sent == ([("commands", 0, 1)] if sent else [])
+
+
+async def test_an_abort_waits_for_the_sends_in_flight_before_aborting(store: PartitionStore) -> None:
+    """aiokafka refuses to abort with sends in flight: the abort goes only once every send has been answered."""
+    producer = StandInProducer(store, hold_sends=True)
+    ckpt = _checkpoint(producer, store, send_bytes=0)  # every batch is sent at the next drain
+    await ckpt.begin()
+    ckpt.emit("commands", 0, key=b"a", value=b"{}", timestamp=1)
+    await ckpt.drain()
+    aborting = asyncio.create_task(ckpt.txn.abort())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    aborted_while_in_flight = "abort" in producer.calls
+    for future in producer.held:
+        future.set_result(_Sent(100))
+    await aborting
+    assert (len(producer.held), aborted_while_in_flight, producer.calls[-1]) == (1, False, "abort")
+    assert not ckpt.txn.open
+
+
+TXN_NON_EDGES = [(a, b) for a, b in itertools.product(TxnState, TxnState) if b not in TXN_TRANSITIONS[a]]
+
+
+@pytest.mark.parametrize(("source", "target"), TXN_NON_EDGES, ids=[f"{a}->{b}" for a, b in TXN_NON_EDGES])
+def test_a_move_the_transactions_table_lacks_raises_naming_both_states(
+    store: PartitionStore, source: TxnState, target: TxnState
+) -> None:
+    """A transition TXN_TRANSITIONS lacks raises IllegalTransitionError naming where the transaction is and where it
+    was sent, and leaves the state (no public call reaches one: join and commit check the state first)."""
+    txn = _checkpoint(StandInProducer(store), store).txn
+    txn.state = source
+    with pytest.raises(IllegalTransitionError, match=f"transaction: no transition from {source} to {target}"):
+        txn._move(target)
+    assert txn.state is source
