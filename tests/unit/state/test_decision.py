@@ -300,3 +300,11 @@ def test_a_body_fingerprint_is_xxh3_of_the_body_without_its_volatile_fields() ->
     body = b'{"id": "evt_1", "pending_webhooks": 3, "type": "a.b"}'
     expected = xxhash.xxh3_64_hexdigest(b'{"id": "evt_1", , "type": "a.b"}')
     assert decision.body_fingerprint(body, _stripe_volatile()) == decision.RAW_FINGERPRINT + expected
+
+
+def test_an_entry_without_its_optional_fields_decodes_them_as_zero_or_none() -> None:
+    """An entry written before duplicates, last_seen, conflicts and the rest were kept decodes them as 0 (counts
+    and times) and None: an older store's claims read as unseen again and conflict-free."""
+    entry = Entry.decode(b'{"f": 5, "x": 9, "p": 1, "o": 2}')
+    assert entry == Entry(first_seen=5, expires_at=9, partition=1, offset=2)
+    assert (entry.duplicates, entry.last_seen, entry.conflicts) == (0, 0, 0)

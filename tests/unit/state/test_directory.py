@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +17,14 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from pipeline.errors import StateDirInUseError, StoreError, StoreIdentityError, StoreStaleError
+from pipeline.errors import (
+    StateDirInUseError,
+    StoreCorruptError,
+    StoreError,
+    StoreIdentityError,
+    StoreStaleError,
+    StoreUnusableError,
+)
 from pipeline.state import directory
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget, Restorer
@@ -412,3 +422,91 @@ def test_only_the_topologys_own_stores_claim_positions_each_opened_to_follow(tmp
         }
         for name, p in (("web-raw-1", 1), ("web-raw-2", 2))
     ]
+
+
+class CorruptOnce(RecordingOpener):
+    """An opener whose first open finds the store corrupt (as a torn write leaves it)."""
+
+    def __call__(
+        self, path: Path, *, bucket_ms: int, identity: StoreIdentity | None = None, follow: bool = False
+    ) -> PartitionStore:
+        if not self.calls:
+            self.calls.append({"corrupt": True})
+            raise StoreCorruptError(f"store {path} cannot be read")
+        return super().__call__(path, bucket_ms=bucket_ms, identity=identity, follow=follow)
+
+
+def test_a_corrupt_store_is_wiped_and_opened_again_as_it_was_asked_for(tmp_path: Path) -> None:
+    """open_store finds the store corrupt: it wipes it and opens it again with the same bucket width, identity and
+    follow, through the opener it was given; the new store is empty."""
+    path = tmp_path / "s"
+    _claimed_store(path, OURS)
+    opener = CorruptOnce()
+    store = directory.open_store(path, bucket_ms=HOUR, identity=OURS, opener=opener, follow=True)
+    try:
+        assert store.follow
+        assert store.changelog_offset == -1
+        assert opener.calls[1:] == [{"path": path, "bucket_ms": HOUR, "identity": OURS, "follow": True}]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("wipe", "claims"), [(True, -1), (False, None)])
+def test_a_store_that_fails_to_close_claims_nothing_or_its_wipe(wipe: bool, claims: int | None) -> None:
+    """release() of a store whose close fails: a wipe asked for is claimed as nothing (-1), otherwise its
+    position is unknown (None); the failure is logged, not raised."""
+
+    def failing_close() -> None:
+        raise StoreError("close failed")
+
+    store = SimpleNamespace(checked=True, changelog_offset=7, close=failing_close, path=Path("/nowhere"))
+    assert directory.release(store, wipe=wipe, name="p0") == claims  # type: ignore[arg-type]
+
+
+def test_the_state_dir_lock_is_a_file_of_the_group_readable_by_all_and_released_once(tmp_path: Path) -> None:
+    """The lock is ``<state-dir>/<app>/<group>/.lock``, mode 0644 (less the umask), holding the pid; releasing it
+    without having taken it, or twice, does nothing."""
+    topology = load(TOPOLOGY_PATH)
+    lock = directory.StateDirLock(tmp_path, topology, "g")
+    lock.release()  # never taken
+    lock.acquire()
+    try:
+        path = tmp_path / topology.app / "g" / ".lock"
+        umask = os.umask(0)
+        os.umask(umask)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644 & ~umask
+        assert path.read_text() == str(os.getpid())
+    finally:
+        lock.release()
+    lock.release()
+
+
+def test_a_state_dir_held_without_a_pid_is_refused_naming_another_process_and_the_remedy(
+    tmp_path: Path,
+) -> None:
+    """A holder that wrote no pid (or bytes that are not text) is named "another process" or as best it can, and
+    the error says to give each worker its own --state-dir."""
+    topology = load(TOPOLOGY_PATH)
+    path = tmp_path / topology.app / "g" / ".lock"
+    path.parent.mkdir(parents=True)
+    for content, holder in ((b"", "another process"), (b"\xff12", "\ufffd12")):
+        path.write_bytes(content)
+        fd = os.open(path, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            with pytest.raises(StateDirInUseError) as refused:
+                directory.StateDirLock(tmp_path, topology, "g").acquire()
+            assert f"(pid {holder})" in str(refused.value)
+            assert "give each worker its own --state-dir" in str(refused.value)
+        finally:
+            os.close(fd)
+
+
+def test_a_state_dir_that_cannot_be_made_is_unusable_naming_it(tmp_path: Path) -> None:
+    """A state dir under a file cannot be made: StoreUnusableError naming the directory and the cause."""
+    (tmp_path / "file").write_text("")
+    topology = load(TOPOLOGY_PATH)
+    with pytest.raises(
+        StoreUnusableError, match=rf"state dir {re.escape(str(tmp_path / 'file'))}.* cannot be used"
+    ):
+        directory.StateDirLock(tmp_path / "file", topology, "g").acquire()

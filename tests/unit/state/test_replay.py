@@ -19,6 +19,8 @@ from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
 from pipeline.state.replay import Replay, expires_at, last_seen
 from pipeline.state.store import PartitionStore
+from tests.simulation.records import ABORT
+from tests.simulation.records import marker as marker_batch
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -208,3 +210,37 @@ async def test_a_batch_with_a_bad_crc_stops_the_replay_naming_the_changelog_and_
         await replay.run(1)
     assert served.get_many([b"a"]) == {}
     assert served.changelog_offset == -1
+
+
+class LogReader:
+    """A changelog of concatenated batches ending at ``end``, with its aborted transactions."""
+
+    def __init__(self, raw: bytes, end: int, aborted: list[tuple[int, int]]) -> None:
+        self.raw, self.end, self.aborted = raw, end, aborted
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        records = MemoryRecords(self.raw) if position < self.end else None
+        return RawFetch(records, list(self.aborted), None)
+
+    async def refresh(self) -> None:
+        """Nothing to refresh."""
+
+
+@pytest.mark.parametrize("producer", [0, 7])
+async def test_an_aborted_transaction_is_never_applied_whatever_its_producer_id(
+    served: PartitionStore, producer: int
+) -> None:
+    """Producer id 0 is a producer like any other: its aborted transaction (offset 0, its marker at 1) is skipped,
+    and the committed record after it (offset 2) applied."""
+    entry = _entry(T0)
+    txn = DefaultRecordBatchBuilder(2, 0, 1, producer, 0, 0, 1 << 20)
+    txn.append(0, timestamp=T0, key=b"aborted", value=entry.encode(), headers=[])
+    aborted = bytes(txn.build())
+    marker = marker_batch(1, producer, 0, ABORT, T0).raw
+    after = bytearray(_records_batch([(b"kept", entry.encode())]))
+    struct.pack_into(">q", after, 0, 2)  # its base offset, outside the CRC
+    reader = LogReader(aborted + marker + bytes(after), 3, [(producer, 0)])
+    replay = Replay(served, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    await replay.run(3)
+    assert sorted(served.get_many([b"aborted", b"kept"])) == [b"kept"]
+    assert served.changelog_offset == 2

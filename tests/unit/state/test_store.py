@@ -448,3 +448,80 @@ def test_a_stores_disk_bytes_are_the_sizes_of_all_its_files(tmp_path: Path) -> N
         assert store.disk_bytes() >= 1234
     finally:
         store.close()
+
+
+def _at(store: PartitionStore, stream_time: int, **entries: Entry) -> None:
+    """Write ``entries`` (none: only move stream time) at ``stream_time``."""
+    changes = {key.encode(): Change.of(entry, None) for key, entry in entries.items()}
+    store.write(changes, changelog_offset=None, stream_time=stream_time)
+
+
+def test_a_bucket_is_dropped_exactly_when_stream_time_reaches_its_end_plus_the_grace(
+    store: PartitionStore,
+) -> None:
+    """Keys expiring in [1 h, 2 h) live in bucket 1: with the default grace of one bucket it goes at stream time
+    3 h, not a millisecond before; a grace of 0 drops it at 2 h."""
+    _at(store, 0, k=_entry(0))  # expires at 1 h: bucket 1
+    _at(store, 2 * HOUR)
+    assert store.expire() == 0
+    assert store.expire(grace_ms=HOUR - 1) == 0
+    _at(store, 3 * HOUR - 1)
+    assert store.expire() == 0
+    _at(store, 3 * HOUR)
+    assert store.expire() == 1
+    assert list(store.buckets()) == []
+
+
+def test_no_grace_drops_a_bucket_as_soon_as_stream_time_passes_it(store: PartitionStore) -> None:
+    """expire(grace_ms=0) drops bucket 1 at stream time 2 h, where the default grace keeps it."""
+    _at(store, 2 * HOUR, k=_entry(0))
+    assert store.expire() == 0
+    assert store.expire(grace_ms=0) == 1
+
+
+def test_the_keys_expired_add_up_and_a_dropped_bucket_is_made_anew_for_a_late_key(
+    store: PartitionStore,
+) -> None:
+    """Two expiries of one key each: keys_expired is 2. A key written afterwards into the dropped bucket's range (a
+    late record) gets a new bucket, and the store reads it."""
+    _at(store, 0, a=_entry(0), b=_entry(2 * HOUR))  # buckets 1 and 3
+    _at(store, 3 * HOUR)
+    assert store.expire() == 1
+    _at(store, 5 * HOUR)
+    assert store.expire() == 1
+    assert store.keys_expired == 2
+    late = _entry(0)
+    store.write_raw([(b"late", late.encode(), late.expires_at)], changelog_offset=-1, stream_time=5 * HOUR)
+    assert list(store.buckets()) == [1]
+    assert store.get_many([b"late"]) == {b"late": late}
+
+
+class FailingDrops(FailingWrites):
+    """A store's database that drops its first bucket and fails on the next, as a disk error would."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.drops = 0
+
+    def write(self, *args: Any) -> None:
+        self._inner.write(*args)
+
+    def drop_column_family(self, name: str) -> None:
+        self.drops += 1
+        if self.drops > 1:
+            raise Exception("IO error: No space left on device")  # rocksdict raises bare Exception
+        self._inner.drop_column_family(name)
+
+
+def test_a_bucket_that_cannot_be_dropped_stays_counting_what_was_dropped_and_naming_it(
+    store: PartitionStore,
+) -> None:
+    """The second of two expired buckets fails to drop: StoreError naming the store, the bucket and the cause;
+    the first is gone and counted, the second stays."""
+    _at(store, 0, a=_entry(0), b=_entry(HOUR))  # buckets 1 and 2
+    _at(store, 10 * HOUR)
+    store._db = FailingDrops(store._db)  # type: ignore[assignment]
+    with pytest.raises(StoreError, match=rf"{re.escape(str(store.path))}.*dropping bucket b2.*No space left"):
+        store.expire()
+    assert store.keys_expired == 1
+    assert list(store.buckets()) == [2]
