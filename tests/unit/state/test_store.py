@@ -84,6 +84,8 @@ def test_a_store_closed_while_its_failed_write_is_still_held_can_be_opened_again
     else:
         with pytest.raises(StoreError) as caught:
             store.write_raw([(b"k", entry.encode(), entry.expires_at)], changelog_offset=0, stream_time=HOUR)
+    assert str(caught.value) == f"store {tmp_path / 'p0'}: write failed: IO error: No space left on device"
+    assert (store.changelog_offset, store.stream_time) == (-1, 0)  # nothing moved
     store.close()
     PartitionStore.open(tmp_path / "p0", bucket_ms=HOUR).close()  # StoreLockedError while a handle lived
     assert caught.value is not None  # the error, and its traceback, were alive all along
@@ -525,3 +527,83 @@ def test_a_bucket_that_cannot_be_dropped_stays_counting_what_was_dropped_and_nam
         store.expire()
     assert store.keys_expired == 1
     assert list(store.buckets()) == [2]
+
+
+class FailingFamilies(FailingWrites):
+    """A store's database that cannot create a column family, or close, as a full disk makes RocksDB's fail."""
+
+    def write(self, *args: Any) -> None:
+        self._inner.write(*args)
+
+    failing = "create_column_family"  # or "get_column_family_handle": the family is made, its handle fails
+
+    def create_column_family(self, *args: Any) -> Any:
+        if self.failing == "create_column_family":
+            raise Exception("IO error: No space left on device")  # rocksdict raises bare Exception
+        return self._inner.create_column_family(*args)
+
+    def get_column_family_handle(self, *args: Any) -> Any:
+        if self.failing == "get_column_family_handle":
+            raise Exception("IO error: No space left on device")
+        return self._inner.get_column_family_handle(*args)
+
+    def close(self) -> None:
+        self._inner.close()
+        raise Exception("IO error: close")
+
+
+@pytest.mark.parametrize("failing", ["create_column_family", "get_column_family_handle"])
+def test_a_bucket_that_cannot_be_made_fails_the_write_naming_it_and_leaves_no_trace(
+    store: PartitionStore, failing: str
+) -> None:
+    """Creating bucket b2 (or taking its handle) fails: StoreUnusableError naming the store, the bucket and the
+    cause; the store keeps no half-made bucket and its position does not move."""
+    database = FailingFamilies(store._db)
+    database.failing = failing
+    store._db = database  # type: ignore[assignment]
+    entry = _entry(HOUR)  # expires at 2 h: bucket 2
+    with pytest.raises(StoreUnusableError) as caught:
+        store.write({b"k": Change.of(entry, None)}, changelog_offset=3, stream_time=HOUR)
+    assert (
+        str(caught.value)
+        == f"store {store.path}: creating bucket b2 failed: IO error: No space left on device"
+    )
+    assert list(store.buckets()) == []
+    assert store.changelog_offset == -1
+    store._db = database._inner  # the fixture closes it
+
+
+def test_a_close_that_fails_names_the_store_and_the_cause(tmp_path: Path) -> None:
+    """RocksDB failing to close the database: StoreError naming the store and the cause (the database is released
+    all the same: a second close does nothing)."""
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    store._db = FailingFamilies(store._db)  # type: ignore[assignment]
+    with pytest.raises(StoreError) as caught:
+        store.close()
+    assert str(caught.value) == f"store {tmp_path / 'p'}: close failed: IO error: close"
+    store.close()
+
+
+def test_a_write_with_an_older_changelog_offset_never_moves_the_position_back(store: PartitionStore) -> None:
+    """The store's changelog offset only grows: a later write carrying an older offset keeps it, in memory and on
+    disk."""
+    store.write({}, changelog_offset=9, stream_time=0)
+    store.write({b"k": Change.of(_entry(HOUR), None)}, changelog_offset=4, stream_time=0)
+    assert store.changelog_offset == 9
+
+
+def test_a_key_moved_to_a_later_bucket_leaves_no_copy_in_its_old_one(store: PartitionStore) -> None:
+    """A key whose expiry moves from bucket 1 (1.5 h) to bucket 3 (3.5 h) is deleted from bucket 1 in the same
+    write: the store counts it once."""
+    first = Entry(first_seen=0, expires_at=int(1.5 * HOUR), partition=0, offset=0)
+    later = first._replace(expires_at=int(3.5 * HOUR))
+    store.write({b"k": Change.of(first, None)}, changelog_offset=None, stream_time=0)
+    store.write({b"k": Change.of(later, first)}, changelog_offset=None, stream_time=HOUR)
+    assert store.key_count() == 1
+    assert store.get_many([b"k"]) == {b"k": later}
+
+
+def test_an_identity_that_is_not_one_says_so() -> None:
+    """Bytes that are not a store identity raise ValueError saying what they are not."""
+    with pytest.raises(ValueError, match="not a store identity"):
+        StoreIdentity.decode(b'{"app": "a"}')
