@@ -665,5 +665,6 @@ async def test_limits_that_cannot_be_read_again_leave_the_refused_records_to_the
     assert [k.decode() for k in w.producer.committed_keys(TOPICS.commands) if k] == [
         k for i, k in enumerate(keys) if i != 2
     ]
+    assert w.task is not None
     assert not w.task.done()  # the worker goes on
     await w.stop()
