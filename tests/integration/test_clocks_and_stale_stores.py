@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -117,7 +118,8 @@ async def test_a_command_refused_for_its_size_whose_dlq_record_is_refused_for_it
 ) -> None:
     """Seed 2489 on the real broker: both limits lowered while the worker runs (it read neither), a record dated 60
     days ahead whose command is too large goes to the DLQ, whose record is refused for its timestamp and then
-    written once stamped now; its key stays unclaimed, the worker goes on."""
+    written once stamped now; its key stays unclaimed, the worker goes on. The first refusal, for the size, makes
+    the worker read the limits again (seed 3276), so the record is dead-lettered as too-large before it is sent."""
     env: Env = await pipeline_env(partitions=1)
     await _set_after_max(env, _outputs(env), NO_LIMIT_MS)
     env.start_worker("w1")
@@ -137,5 +139,8 @@ async def test_a_command_refused_for_its_size_whose_dlq_record_is_refused_for_it
     assert dead.key == b"stripe:evt_big"
     assert dead.timestamp <= int(time.time() * 1000) + 60_000
     assert dict(dead.headers).get("original-timestamp") == str(ahead).encode()
-    assert "the DLQ record of offset" in env.log_tail("w1", 400), env.log_tail("w1", 400)
+    assert orjson.loads(dead.value)["reason"] == "too-large"
+    log_tail = env.log_tail("w1", 400)
+    assert "topic limits changed under the worker" in log_tail, log_tail
+    assert "offset 1 alone is refused for its timestamp" in log_tail, log_tail
     assert len(audit) == 3
