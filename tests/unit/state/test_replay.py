@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import CorruptRecordException, OffsetOutOfRangeError
+from aiokafka.errors import CorruptRecordException, NotLeaderForPartitionError, OffsetOutOfRangeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
 
 from pipeline.errors import StoreStaleError
 from pipeline.kafka.internals import RawFetch
+from pipeline.state import replay as replay_module
 from pipeline.state.decision import Entry
 from pipeline.state.replay import Replay, expires_at, last_seen
 from pipeline.state.store import PartitionStore
@@ -178,7 +179,7 @@ def _records_batch(records: list[tuple[bytes | None, bytes | None]], *, stamped:
         producer_id=-1,
         producer_epoch=-1,
         base_sequence=-1,
-        batch_size=1 << 20,
+        batch_size=1 << 26,
     )
     for offset, (key, value) in enumerate(records):
         builder.append(offset, timestamp=stamped, key=key, value=value, headers=[])
@@ -200,9 +201,11 @@ async def test_tombstones_and_keyless_records_are_read_past_and_never_written(se
 
 async def test_a_batch_with_a_bad_crc_stops_the_replay_naming_the_changelog_and_the_offset(
     served: PartitionStore,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A fetched batch whose CRC does not match its bytes is never applied: the replay raises
     CorruptRecordException saying which changelog and which offset, and the store keeps its position."""
+    monkeypatch.setattr(replay_module, "RETRY_BACKOFF", 0.001)  # a bad batch is fetched again RETRIES times
     raw = bytearray(_records_batch([(b"a", _entry(T0).encode())]))
     raw[-1] ^= 0xFF  # a flipped bit in the record, inside what the CRC covers
     replay = Replay(served, OneBatchReader(bytes(raw), 1), CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
@@ -244,3 +247,61 @@ async def test_an_aborted_transaction_is_never_applied_whatever_its_producer_id(
     await replay.run(3)
     assert sorted(served.get_many([b"aborted", b"kept"])) == [b"kept"]
     assert served.changelog_offset == 2
+
+
+class FlakyReader:
+    """A changelog of one batch whose first ``failures`` fetches fail as a moving leader makes them fail."""
+
+    def __init__(self, raw: bytes, count: int, failures: int) -> None:
+        self.raw, self.count, self.failures = raw, count, failures
+        self.fetches = 0
+        self.refreshes = 0
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        self.fetches += 1
+        if self.fetches <= self.failures:
+            return RawFetch(None, [], NotLeaderForPartitionError)
+        return RawFetch(MemoryRecords(self.raw) if position < self.count else None, [], None)
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+
+
+@pytest.mark.parametrize("failures", [replay_module.RETRIES, replay_module.RETRIES + 1])
+async def test_a_fetch_is_retried_up_to_its_retries_then_the_error_names_the_changelog_and_offset(
+    served: PartitionStore, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """RETRIES failed fetches in a row are retried (the metadata refreshed each time) and the replay completes;
+    one more and the fetch's error is raised, naming the changelog and the offset."""
+    monkeypatch.setattr(replay_module, "RETRY_BACKOFF", 0.001)
+    reader = FlakyReader(_records_batch([(b"a", _entry(T0).encode())]), 1, failures)
+    replay = Replay(served, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    if failures > replay_module.RETRIES:
+        with pytest.raises(NotLeaderForPartitionError, match=r"fetch .*app-seen-changelog.* at 0"):
+            await replay.run(1)
+        return
+    assert await replay.run(1) == 1
+    assert reader.refreshes == failures
+    assert sorted(served.get_many([b"a"])) == [b"a"]
+
+
+async def test_a_fetch_larger_than_one_write_is_written_in_parts_each_moving_the_position(
+    served: PartitionStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One fetch of WRITE_RECORDS entries and a batch after them whose CRC is bad: the first part is written with
+    its offset before the bad batch is found, so the store keeps those entries and their position."""
+    monkeypatch.setattr(replay_module, "RETRY_BACKOFF", 0.001)  # a bad batch is fetched again RETRIES times
+    count = replay_module.WRITE_RECORDS
+    entry = _entry(T0).encode()
+    first = _records_batch([(f"k{i}".encode(), entry) for i in range(count)])
+    bad = bytearray(_records_batch([(b"z", entry)]))
+    struct.pack_into(">q", bad, 0, count)  # its base offset, outside the CRC
+    bad[-1] ^= 0xFF
+    reader = LogReader(first + bytes(bad), count + 1, [])
+    replay = Replay(served, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    with pytest.raises(CorruptRecordException):
+        await replay.run(count + 1)
+    assert served.changelog_offset == count - 1
+    assert replay.position == count
+    assert len(served.get_many([b"k0", f"k{count - 1}".encode()])) == 2
