@@ -38,6 +38,7 @@ from pipeline.worker.executor import Outcome, TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
 from pipeline.worker.io import WorkerIO, kafka_io
+from pipeline.worker.limits import TopicLimits
 from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.pacing import poll_ms
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 FENCES_ALLOWED, FENCE_WINDOW_S = 5, 60.0  # producer fences in a row, within a window, before the worker stops
 PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
-LIMITS_TIMEOUT_S = 10.0  # reading the topics' limits again after a record was refused as too large
 
 _T = TypeVar("_T")
 
@@ -96,9 +96,9 @@ class Worker:
         self._executor: TaskExecutor | None = None
         self._restorer: Restorer | None = None
         self._http: web.AppRunner | None = None
-        # each topic's largest record, shared by the outputs' size checks and the transaction's batches:
-        # read at start, and again when the broker refuses a record as too large
-        self._limits: dict[str, int] = {}
+        self._limits: TopicLimits | None = (
+            None  # each output topic's largest record (pipeline/worker/limits.py)
+        )
 
     # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,8 +115,10 @@ class Worker:
         settings, io = self.settings, self.io
         layout = await io.layout(settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
-        self._limits = dict(layout.limits)
-        outputs = OutputTopics(layout.counts, partitioner, self._limits, layout.timestamps)
+        limits = self._limits = TopicLimits(
+            layout.limits, lambda: io.layout(settings.bootstrap, self.topology)
+        )
+        outputs = OutputTopics(layout.counts, partitioner, limits.by_topic, layout.timestamps)
         restorer = self._restorer = Restorer(
             lambda: io.changelog_reader(settings),
             RestoreBudget(settings.restore_budget_bytes),
@@ -153,7 +155,7 @@ class Worker:
         txn = Transaction(
             producer,
             group=group.metadata,
-            limits=self._limits,
+            limits=limits.by_topic,
             timestamps=outputs.timestamps,
             send_bytes=settings.send_bytes,
             wall=io.wall,
@@ -316,32 +318,12 @@ class Worker:
         table = self._require(self._table)
         table.apply(outcome)
         if outcome.reread_limits:
-            await self._reread_limits()
+            await self._require(self._limits).reread()
         if outcome.replace_producer:
             if outcome.rejoin:
                 self._count_fence()
             self._producer_wanted = True
             await self._replace_producer()
-
-    async def _reread_limits(self) -> None:
-        """A record was refused as too large: a topic's ``max.message.bytes`` may have been lowered under
-        the running worker. Read the limits again, so the next records too large for it are dead-lettered
-        by the size check before they are sent, not each found by refused transactions (seed 3276)."""
-        try:
-            async with asyncio.timeout(LIMITS_TIMEOUT_S):
-                layout = await self.io.layout(self.settings.bootstrap, self.topology)
-        except (PipelineError, KafkaError, TimeoutError) as exc:
-            log.warning("cannot read the topics' limits again (%s); keeping those read before", exc)
-            return
-        changed = {topic: limit for topic, limit in layout.limits.items() if self._limits.get(topic) != limit}
-        if changed:
-            log.warning(
-                "topic limits changed under the worker: %s",
-                ", ".join(
-                    f"{topic} {self._limits.get(topic)} -> {limit} bytes" for topic, limit in changed.items()
-                ),
-            )
-            self._limits.update(changed)
 
     def _count_fence(self) -> None:
         """A producer fenced again and again means another process has this worker's transactional id."""

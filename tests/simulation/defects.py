@@ -269,7 +269,7 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         [
             (
                 "worker/loop.py",
-                "        if outcome.reread_limits:\n            await self._reread_limits()\n",
+                "        if outcome.reread_limits:\n            await self._require(self._limits).reread()\n",
                 "",
             ),
         ],
