@@ -175,9 +175,8 @@ class Transaction:
         self.producer = producer
         self.group = group  # the group's generation and member ids now: taken as a transaction opens
         self._member: GroupMetadata | None = None  # ... by the open transaction
-        self.limits: Mapping[str, int] = (
-            limits if limits is not None else {}
-        )  # topic -> largest record it takes
+        # topic -> largest record it takes (the worker's own dict: it updates it when a limit changes)
+        self.limits: Mapping[str, int] = limits if limits is not None else {}
         self.timestamps: Mapping[str, tuple[int, int]] = timestamps or {}  # topic -> (before, after) ms
         self.send_bytes = send_bytes
         self.wall = wall or _wall

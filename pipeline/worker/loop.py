@@ -96,9 +96,8 @@ class Worker:
         self._executor: TaskExecutor | None = None
         self._restorer: Restorer | None = None
         self._http: web.AppRunner | None = None
-        self._limits: TopicLimits | None = (
-            None  # each output topic's largest record (pipeline/worker/limits.py)
-        )
+        # each output topic's largest record, read again after a refusal for size (pipeline/worker/limits.py)
+        self._limits: TopicLimits | None = None
 
     # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
