@@ -19,7 +19,6 @@ history. It follows every unfinished run, also those of an earlier console.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import Any
 import orjson
 from aiokafka.errors import KafkaError
 
+from pipeline.cancelling import cancel_and_wait
 from pipeline.console.dlq_read import read_range, read_records, reading
 from pipeline.console.dlq_view import Row
 from pipeline.console.history import History, HistoryUnavailableError, Run, RunRecord, new_run_id
@@ -242,9 +242,7 @@ class Follower:
     async def stop(self) -> None:
         """Stop following."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def once(self) -> None:
         """One round: refresh the history, follow each unfinished run of the last hour."""

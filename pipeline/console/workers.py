@@ -19,6 +19,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.cancelling import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 #: The counters the rate charts draw: name -> (metric sample, label filter).
@@ -134,9 +136,7 @@ class Live:
     async def stop(self) -> None:
         """Stop sampling."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def refresh(self) -> list[WorkerView]:
         """Ask every worker now; remember the answers and one sample."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import contextlib
 import random
 import sys
 import time
@@ -31,6 +30,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline.cancelling import cancel_and_wait
 from pipeline.credentials import source_secrets
 from pipeline.errors import BrokerUnavailableError, PipelineError
 from pipeline.kafka.admin import partition_count
@@ -206,9 +206,7 @@ class Observer:
     async def stop(self) -> None:
         """Stop reading."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await stop_consumer(self._consumer)
 
 
