@@ -25,6 +25,7 @@ import logging
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from pipeline.cancelling import cancel_and_wait
 from pipeline.kafka import internals
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,7 @@ class MetadataRefresh:
         """Stop asking (the worker stops)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _refresh(self, consumer: AIOKafkaConsumer) -> None:
         backoff = self._first_backoff

@@ -19,7 +19,6 @@ the previous owner and replays only what the standby had not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline.cancelling import cancel_and_wait
 from pipeline.errors import (
     BrokerUnavailableError,
     StoreError,
@@ -129,9 +129,7 @@ class Standby:
                     self.name,
                     self.store.changelog_offset if self.store is not None else self.position,
                 )
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self._close_store()
         if not self.lifecycle.closed:
             self.lifecycle.move(State.CLOSED)

@@ -28,6 +28,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline.cancelling import cancel_and_wait
 from pipeline.errors import PartitionUnservedError, PipelineError
 from pipeline.state.store import PartitionStore
 from pipeline.state.transaction import Transaction
@@ -117,9 +118,8 @@ class TaskTable:
     async def _cancel_opening(self, tp: TopicPartition) -> None:
         opening = self.opening.pop(tp, None)
         if opening is not None:
-            opening.cancel()
-            with contextlib.suppress(asyncio.CancelledError, PipelineError):
-                await opening
+            with contextlib.suppress(PipelineError):
+                await cancel_and_wait(opening)
 
     def _assigned(self, tp: TopicPartition) -> bool:
         """Whether ``tp`` is this worker's now: assigned, and no rebalance under way."""

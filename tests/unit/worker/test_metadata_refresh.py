@@ -104,3 +104,32 @@ async def test_updates_that_raise_are_asked_again_until_one_brings_the_topic() -
     await _settled(refresh)
     assert consumer.rejoins == [3]
     await refresh.close()
+
+
+class RacingConsumer(FakeConsumer):
+    """A consumer whose metadata update ends in ``wait_for`` (as aiokafka's connections do), its answer
+    coming in as the worker stops."""
+
+    def __init__(self) -> None:
+        super().__init__(known_after=10**9)
+        self.answer: asyncio.Future[bool] | None = None
+
+    async def force_metadata_update(self) -> bool:
+        self.updates += 1
+        self.answer = asyncio.get_running_loop().create_future()
+        return await asyncio.wait_for(self.answer, 10)
+
+
+async def test_a_close_ends_though_the_refresh_lost_its_cancellation() -> None:
+    """Python 3.11's ``wait_for`` drops a cancel that comes with its result: the close cancels again, and ends."""
+    consumer: Any = RacingConsumer()
+    refresh = MetadataRefresh(first_backoff=3600, max_backoff=3600)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    await asyncio.sleep(0)
+    assert consumer.answer is not None
+    consumer.answer.set_result(True)  # the answer comes in with the stop
+    closing = asyncio.create_task(refresh.close())
+    done, _ = await asyncio.wait({closing}, timeout=5)
+    assert done, "the close still waits for a refresh that goes on"
+    assert consumer.updates == 1
