@@ -222,3 +222,57 @@ async def test_a_store_beyond_its_changelogs_end_is_stale_naming_the_changelog_p
     finally:
         store.close()
         await restorer.close()
+
+
+class WatchedReader(SplitReader):
+    """A :class:`SplitReader` that notes, at each fetch, the offset asked and the store's position then; each fetch
+    takes ``fetch_seconds`` of ``clock``."""
+
+    def __init__(self, keys: list[bytes], budget: RestoreBudget, store: PartitionStore) -> None:
+        super().__init__(keys, budget)
+        self.store = store
+        self.asked: list[tuple[int, int]] = []
+        self.clock = 100.0
+        self.fetch_seconds = 0.0
+
+    async def fetch(self, tp: TopicPartition, position: int) -> RawFetch:
+        self.asked.append((position, self.store.changelog_offset))
+        self.clock += self.fetch_seconds
+        return await super().fetch(tp, position)
+
+
+async def test_a_restore_sends_the_next_fetch_before_it_writes_the_one_it_has(tmp_path: Path) -> None:
+    """Three records, one per fetch: the fetch of each next record is sent before the record in hand is written
+    (the store one behind where a fetch-then-write restore would be), none after the last."""
+    budget = RestoreBudget(10_000)
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    reader = WatchedReader([b"a", b"b", b"c"], budget, store)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    try:
+        assert await restorer.restore(store, CHANGELOG) == 3
+        assert reader.asked == [(0, -1), (1, -1), (2, 0)]
+    finally:
+        store.close()
+        await restorer.close()
+
+
+async def test_a_restore_logs_its_progress_every_five_seconds_unless_told_otherwise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore left to its default logs a progress line once five seconds have passed: after a fetch that took
+    exactly five."""
+    budget = RestoreBudget(10_000)
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    reader = WatchedReader([b"a"], budget, store)
+    reader.fetch_seconds = 5.0
+    monkeypatch.setattr("pipeline.state.replay.time.monotonic", lambda: reader.clock)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.state.replay"):
+            assert await restorer.restore(store, CHANGELOG) == 1
+        assert [r.getMessage() for r in caplog.records if "offsets, " in r.getMessage()] == [
+            f"restore {CHANGELOG}: 1/1 offsets, 0 records/s, ETA 0s"
+        ]
+    finally:
+        store.close()
+        await restorer.close()

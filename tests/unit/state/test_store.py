@@ -17,8 +17,10 @@ from pipeline.errors import (
     StoreError,
     StoreIdentityError,
     StoreLockedError,
+    StoreStaleError,
     StoreUnusableError,
 )
+from pipeline.state import store_meta
 from pipeline.state.decision import Entry
 from pipeline.state.store import MIN_BUCKET_MS, Change, PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity, classify_open_failure, classify_write_failure
@@ -57,14 +59,17 @@ def test_state_survives_closing_and_reopening(tmp_path: Path) -> None:
     try:
         assert again.get_many([b"k"]) == {b"k": _entry(5)}
         assert again.changelog_offset == 3
+        assert again.stream_time == 5
         assert again.bucket_ms == HOUR  # the width is fixed when the store is created
     finally:
         again.close()
 
 
 def test_a_store_held_by_another_handle_is_locked_not_corrupt(store: PartitionStore) -> None:
-    """Opening a store that is open elsewhere fails with the retriable StoreLockedError."""
-    with pytest.raises(StoreLockedError) as caught:
+    """Opening a store that is open elsewhere fails with the retriable StoreLockedError naming it."""
+    with pytest.raises(
+        StoreLockedError, match=f"^store {re.escape(str(store.path))} is held by another process"
+    ) as caught:
         PartitionStore.open(store.path, bucket_ms=HOUR)
     assert caught.value.retriable
 
@@ -148,6 +153,44 @@ def test_stores_use_a_bloom_filter_and_bounded_memtables(store: PartitionStore) 
     assert "write_buffer_size=8388608" in options
 
 
+def _memtables(path: Path) -> dict[str, str]:
+    """The memtable of each section of the store's newest OPTIONS file (the database's, then each family's)."""
+    found: dict[str, str] = {}
+    section = ""
+    for line in max(path.glob("OPTIONS-*")).read_text().splitlines():
+        if line.startswith("["):
+            section = line
+        elif line.strip().startswith(("memtable_factory=", "allow_concurrent_memtable_write=")):
+            found[section] = line.strip()
+    return found
+
+
+@pytest.mark.parametrize(
+    ("reopened", "follow"),
+    [(False, True), (False, False), (True, True), (True, False)],
+    ids=["new-to-follow", "new-to-be-served", "reopened-to-follow", "reopened-to-be-served"],
+)
+def test_a_store_has_the_memtables_of_its_mode_in_every_family(
+    tmp_path: Path, *, reopened: bool, follow: bool
+) -> None:
+    """A store with meta and two buckets, made or reopened to follow its changelog, has vector memtables (and no
+    concurrent memtable writes) in every family; to be served, skip lists; whatever it was opened as before."""
+    path = tmp_path / "p"
+    entries = [(b"a", _entry(0).encode(), HOUR), (b"b", _entry(HOUR).encode(), 2 * HOUR)]
+    first = PartitionStore.open(path, bucket_ms=HOUR, identity=IDENTITY, follow=follow != reopened)
+    first.write_raw(entries, changelog_offset=1, stream_time=0)
+    first.close()
+    if reopened:
+        PartitionStore.open(path, bucket_ms=HOUR, identity=IDENTITY, follow=follow).close()
+    memtable = (
+        "memtable_factory={id=VectorRepFactory;count=0;}" if follow else "memtable_factory=SkipListFactory"
+    )
+    assert _memtables(path) == {
+        "[DBOptions]": f"allow_concurrent_memtable_write={'false' if follow else 'true'}",
+        **{f'[CFOptions "{name}"]': memtable for name in ("default", "meta", "b1", "b2")},
+    }
+
+
 def _open(path: Path, identity: StoreIdentity = IDENTITY) -> PartitionStore:
     return PartitionStore.open(path, bucket_ms=HOUR, identity=identity)
 
@@ -190,23 +233,31 @@ def test_the_identity_is_kept_across_reopening(tmp_path: Path) -> None:
     _open(tmp_path / "p").close()
 
 
-def test_a_version_1_store_with_data_is_corrupt(tmp_path: Path) -> None:
-    """A store written by format 1 (no identity) is StoreCorruptError: the worker wipes and restores it."""
-    path = tmp_path / "p"
+def _handmade(path: Path, meta: dict[bytes, bytes], families: tuple[str, ...] = ()) -> None:
+    """A store written by hand, as an older (or a damaged) one is: ``meta`` in its meta family, and a key in each
+    of ``families``."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     db = Rdict(
-        str(path), options, column_families={"meta": Options(raw_mode=True), "b100": Options(raw_mode=True)}
+        str(path), options, column_families={name: Options(raw_mode=True) for name in ("meta", *families)}
     )
-    meta, bucket = db.get_column_family("meta"), db.get_column_family("b100")
-    meta[b"version"] = b"1"
-    meta[b"bucket_ms"] = str(HOUR).encode()
-    meta[b"changelog_offset"] = b"41"
-    bucket[b"k"] = _entry(1).encode()
-    for family in (meta, bucket, db):
+    written = [db.get_column_family(name) for name in ("meta", *families)]
+    for key, value in meta.items():
+        written[0][key] = value
+    for family in written[1:]:
+        family[b"k"] = _entry(1).encode()
+    for family in (*written, db):
         family.close()
-    del meta, bucket, db
+    del written, db
+
+
+def test_a_version_1_store_with_data_is_corrupt(tmp_path: Path) -> None:
+    """A store written by format 1 (no identity) is StoreCorruptError: the worker wipes and restores it."""
+    path = tmp_path / "p"
+    _handmade(
+        path, {b"version": b"1", b"bucket_ms": str(HOUR).encode(), b"changelog_offset": b"41"}, ("b100",)
+    )
     with pytest.raises(StoreCorruptError):
         _open(path)
     PartitionStore.wipe(path)
@@ -223,11 +274,157 @@ def test_a_format_2_store_with_data_but_no_identity_is_corrupt(tmp_path: Path) -
         _open(path)
 
 
+@pytest.mark.parametrize(
+    ("offset", "keys"),
+    [(1, {}), (None, {b"k": Change.of(_entry(1))}), (1, {b"k": Change.of(_entry(1))})],
+    ids=["an-offset", "keys", "both"],
+)
+def test_a_store_with_keys_or_an_offset_but_no_identity_is_corrupt_saying_so(
+    tmp_path: Path, offset: int | None, keys: dict[bytes, Change]
+) -> None:
+    """Either a changelog offset or a bucket of keys is data: without an identity nothing vouches for it, so
+    opening it for an identity is StoreCorruptError saying what it has and lacks."""
+    path = tmp_path / "p"
+    unchecked = PartitionStore.open(path, bucket_ms=HOUR)  # the temporary identity-less open
+    unchecked.write(keys, changelog_offset=offset, stream_time=1)
+    unchecked.close()
+    with pytest.raises(StoreCorruptError, match=f"^store {re.escape(str(path))} has data but no identity$"):
+        _open(path)
+
+
+def test_an_empty_store_made_without_an_identity_takes_the_first_it_is_opened_with(tmp_path: Path) -> None:
+    """A store with no data and no identity is given the identity it is next opened with, and is then refused to
+    any other."""
+    path = tmp_path / "p"
+    PartitionStore.open(path, bucket_ms=HOUR).close()
+    _open(path).close()
+    with pytest.raises(StoreIdentityError):
+        _open(path, IDENTITY._replace(partition=4))
+
+
+def test_an_empty_store_keeps_the_bucket_width_it_was_made_with(tmp_path: Path) -> None:
+    """The width is fixed when the store is made, data or not: an empty store opened with another keeps its own."""
+    path = tmp_path / "p"
+    _open(path).close()
+    again = PartitionStore.open(path, bucket_ms=2 * HOUR, identity=IDENTITY)
+    try:
+        assert again.bucket_ms == HOUR
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "families"),
+    [(b"1", ()), (b"1", ("b100",)), (b"3", ()), (b"", ("b100",))],
+    ids=["1-empty", "1-with-keys", "3-empty", "blank-with-keys"],
+)
+def test_a_store_of_another_format_is_corrupt_naming_both_formats(
+    tmp_path: Path, version: bytes, families: tuple[str, ...]
+) -> None:
+    """Any format but 2, with data or without, is StoreCorruptError naming the format found and the one expected
+    (the worker wipes and restores it; only a store without any meta is new)."""
+    path = tmp_path / "p"
+    _handmade(path, {b"version": version, b"bucket_ms": str(HOUR).encode()}, families)
+    with pytest.raises(
+        StoreCorruptError,
+        match=f"^store {re.escape(str(path))} has format {re.escape(repr(version))}, expected b'2'$",
+    ):
+        _open(path)
+
+
+def test_a_store_without_a_bucket_width_is_corrupt_saying_so(tmp_path: Path) -> None:
+    """Format 2 without a bucket width cannot say which bucket a key is in: StoreCorruptError saying so."""
+    path = tmp_path / "p"
+    _handmade(path, {b"version": b"2", b"changelog_offset": b"4"})
+    with pytest.raises(StoreCorruptError, match=f"^store {re.escape(str(path))} has no bucket width$"):
+        _open(path)
+
+
+@pytest.mark.parametrize(
+    ("meta", "cause"),
+    [
+        ({b"bucket_ms": b"an hour"}, "invalid literal for int"),
+        ({b"bucket_ms": str(HOUR).encode(), b"identity": b"{not json"}, "not a store identity"),
+    ],
+    ids=["width", "identity"],
+)
+def test_a_store_whose_metadata_cannot_be_read_is_corrupt_naming_it_and_the_cause(
+    tmp_path: Path, meta: dict[bytes, bytes], cause: str
+) -> None:
+    """A bucket width that is not a number, or an identity that is not one, is StoreCorruptError naming the store
+    and what could not be read (the worker wipes and restores it)."""
+    path = tmp_path / "p"
+    _handmade(path, {b"version": b"2", **meta})
+    with pytest.raises(
+        StoreCorruptError, match=f"^store {re.escape(str(path))} has unreadable metadata: .*{cause}"
+    ):
+        _open(path)
+
+
+def test_a_new_store_whose_metadata_cannot_be_written_is_unusable_naming_it_and_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB failing the first write of a new store's metadata (a full disk: rocksdict's bare Exception) is
+    StoreUnusableError naming the store and the cause; the database is closed, so the store opens once the disk
+    takes writes again."""
+    path = tmp_path / "p"
+
+    def full_disk(*_: object) -> None:
+        # rocksdict raises bare Exception
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    monkeypatch.setattr(store_meta, "write_meta", full_disk)
+    with pytest.raises(
+        StoreUnusableError,
+        match=f"^store {re.escape(str(path))} cannot be used: IO error: No space left on device: While appending",
+    ):
+        _open(path)
+    monkeypatch.undo()
+    _open(path).close()
+
+
+@pytest.mark.parametrize(
+    ("stored", "asked", "caches", "not_the_one"),
+    [
+        (("", ""), ("east", "t-2"), "of cluster ? (topic id ?)", "of cluster east (topic id t-2)"),
+        (("east", "t-1"), ("", ""), "of cluster east (topic id t-1)", "of cluster ? (topic id ?)"),
+        (
+            ("east", "t-1"),
+            ("east", "t-2"),
+            "of cluster east (topic id t-1)",
+            "of cluster east (topic id t-2)",
+        ),
+        (
+            ("east", "t-1"),
+            ("west", "t-1"),
+            "of cluster east (topic id t-1)",
+            "of cluster west (topic id t-1)",
+        ),
+    ],
+    ids=["ids-not-kept", "ids-not-asked", "topic-made-again", "other-cluster"],
+)
+def test_a_store_of_another_changelog_is_stale_naming_both_clusters_and_topic_ids(
+    tmp_path: Path, stored: tuple[str, str], asked: tuple[str, str], caches: str, not_the_one: str
+) -> None:
+    """Same names, another cluster or changelog topic id: StoreStaleError (wiped and rebuilt) naming what the
+    store caches and what was asked, an id not known as '?'."""
+    path = tmp_path / "p"
+    _open(path, IDENTITY._replace(cluster=stored[0], changelog_id=stored[1])).close()
+    with pytest.raises(StoreStaleError) as caught:
+        _open(path, IDENTITY._replace(cluster=asked[0], changelog_id=asked[1]))
+    assert str(caught.value) == (
+        f"store {path} caches changelog webhooks-seen-changelog {caches}, not the one {not_the_one}"
+    )
+
+
 def test_a_path_that_is_a_file_is_unusable(tmp_path: Path) -> None:
-    """A file where the store's directory should be is StoreUnusableError (retriable, never wiped)."""
+    """A file where the store's directory should be is StoreUnusableError naming it (retriable, never wiped)."""
     path = tmp_path / "p"
     path.write_text("not a store")
-    with pytest.raises(StoreUnusableError) as caught:
+    with pytest.raises(
+        StoreUnusableError,
+        match=f"store {re.escape(str(path))} cannot be used: it exists and is not a directory",
+    ) as caught:
         _open(path)
     assert caught.value.retriable
     with pytest.raises(
@@ -238,10 +435,42 @@ def test_a_path_that_is_a_file_is_unusable(tmp_path: Path) -> None:
 
 
 def test_a_path_under_a_file_is_unusable(tmp_path: Path) -> None:
-    """A store whose parent is a file cannot be created: StoreUnusableError."""
+    """A store whose parent is a file cannot be created: StoreUnusableError naming the store and the OS error."""
     (tmp_path / "state").write_text("")
-    with pytest.raises(StoreUnusableError):
-        _open(tmp_path / "state" / "p")
+    path = tmp_path / "state" / "p"
+    with pytest.raises(
+        StoreUnusableError, match=f"store {re.escape(str(path))} cannot be used: .*Not a directory"
+    ):
+        _open(path)
+
+
+def test_a_store_is_made_with_the_directories_above_it_that_are_missing(tmp_path: Path) -> None:
+    """A store two directories below any that exists is made, with both directories."""
+    path = tmp_path / "state" / "webhooks.raw" / "p"
+    _open(path).close()
+    assert (path / "CURRENT").is_file()
+
+
+@pytest.mark.parametrize("denied", [os.W_OK, os.X_OK], ids=["not-writable", "not-searchable"])
+def test_a_directory_the_worker_may_not_write_in_is_unusable_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, denied: int
+) -> None:
+    """The store's directory must be writable and searchable: either denied (as the OS answers for a mode of 0o500
+    or 0o600, even to root here) is StoreUnusableError naming the store, before RocksDB is asked."""
+    path = tmp_path / "p"
+    path.mkdir()
+    asked = os.access
+
+    def access(where: Any, mode: int) -> bool:
+        return not mode & denied if Path(where) == path else asked(where, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(
+        StoreUnusableError,
+        match=f"store {re.escape(str(path))} cannot be used: the directory is not writable",
+    ):
+        _open(path)
+    assert list(path.iterdir()) == []
 
 
 @pytest.mark.skipif(
@@ -607,3 +836,56 @@ def test_an_identity_that_is_not_one_says_so() -> None:
     """Bytes that are not a store identity raise ValueError saying what they are not."""
     with pytest.raises(ValueError, match="not a store identity"):
         StoreIdentity.decode(b'{"app": "a"}')
+
+
+@pytest.mark.parametrize(
+    ("offset", "checked"), [(None, True), (0, False), (1, False)], ids=["empty", "at-0", "at-1"]
+)
+def test_only_a_store_without_a_changelog_offset_is_taken_as_checked(
+    tmp_path: Path, offset: int | None, *, checked: bool
+) -> None:
+    """An empty store's position lies within any changelog; one at an offset, 0 included, is checked against its
+    changelog's end (a restore or a standby's round) before its position is claimed."""
+    first = _open(tmp_path / "p")
+    first.write({}, changelog_offset=offset, stream_time=0)
+    first.close()
+    again = _open(tmp_path / "p")
+    try:
+        assert (again.changelog_offset, again.checked) == (-1 if offset is None else offset, checked)
+    finally:
+        again.close()
+
+
+def test_only_families_named_b_and_a_number_are_buckets(tmp_path: Path) -> None:
+    """A store's families other than b<n> (b1 the one-digit bucket; bx5, backup, meta and RocksDB's default not
+    buckets) are left alone: the store opens with bucket 1 alone, and reads its key."""
+    path = tmp_path / "p"
+    _open(path).close()
+    _handmade(path, {}, ("b1", "bx5", "backup"))  # a key expiring at 1 h + 1 ms in each
+    again = _open(path)
+    try:
+        assert list(again.buckets()) == [1]
+        assert again.get_many([b"k"]) == {b"k": _entry(1)}
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["all-dropped", "the-second-fails"])
+def test_the_keys_of_buckets_dropped_together_add_up_onto_what_earlier_expiries_counted(
+    store: PartitionStore, *, failing: bool
+) -> None:
+    """One key expired earlier, then buckets 2 (one key) and 3 (two) expire together: all three keys are counted,
+    returned and added (4 in all); when bucket 3 fails to drop, bucket 2's key is still added (2 in all)."""
+    _at(store, 0, a=_entry(0))  # bucket 1
+    _at(store, 3 * HOUR)
+    assert store.expire() == 1
+    _at(store, 3 * HOUR, b=_entry(HOUR), c=_entry(2 * HOUR), d=_entry(2 * HOUR + 1))  # buckets 2, 3, 3
+    _at(store, 10 * HOUR)
+    if failing:
+        store._db = FailingDrops(store._db)  # type: ignore[assignment]
+        with pytest.raises(StoreError, match="dropping bucket b3"):
+            store.expire()
+        assert (store.keys_expired, list(store.buckets())) == (2, [3])
+    else:
+        assert store.expire() == 3
+        assert (store.keys_expired, list(store.buckets())) == (4, [])

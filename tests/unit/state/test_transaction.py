@@ -60,6 +60,7 @@ class StandInProducer:
         self.store_had_key_at_commit: bool | None = None
         self.sizes: list[int] = []  # of every batch sent, in bytes
         self.records: dict[str, list[tuple[bytes | None, int, list[Any]]]] = {}  # key, timestamp, headers
+        self.values: dict[str, list[bytes | None]] = {}
 
     def create_batch(self) -> BatchBuilder:
         return BatchBuilder(1024 * 1024, 0, is_transactional=True, key_serializer=None, value_serializer=None)
@@ -73,6 +74,7 @@ class StandInProducer:
         self.sizes.append(len(built))
         for r in MemoryRecords(built).next_batch() or []:
             self.records.setdefault(topic, []).append((r.key, r.timestamp, list(r.headers)))
+            self.values.setdefault(topic, []).append(r.value)
         self.sent.append((topic, partition, batch.record_count()))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.hold_sends:
@@ -287,6 +289,28 @@ async def test_a_batch_is_never_larger_than_its_topic_takes(store: PartitionStor
     assert sum(batches) == 40
     assert len(batches) >= 5
     assert all(size <= 4096 for size in producer.sizes)
+
+
+async def test_a_record_that_overflows_its_batch_starts_the_next_whole(store: PartitionStore) -> None:
+    """Three records of 3,000 bytes for a 4 KiB topic: each after the first does not fit the batch before it and
+    starts a new one, with its own key, value, timestamp and headers, in order."""
+    producer = StandInProducer(store)
+    ckpt = _checkpoint(producer, store, limits={"commands": 4096})
+    await ckpt.begin()
+    for i in range(3):
+        ckpt.emit(
+            "commands",
+            0,
+            key=b"k%d" % i,
+            value=b"%d" % i * 3000,
+            timestamp=1000 + i,
+            headers=[("n", b"%d" % i)],
+        )
+    ckpt.consumed(1)
+    await ckpt.txn.commit()
+    assert [count for topic, _, count in producer.sent if topic == "commands"] == [1, 1, 1]
+    assert producer.records["commands"] == [(b"k%d" % i, 1000 + i, [("n", b"%d" % i)]) for i in range(3)]
+    assert producer.values["commands"] == [b"%d" % i * 3000 for i in range(3)]
 
 
 async def test_an_output_its_topic_would_refuse_for_its_timestamp_is_stamped_now(
