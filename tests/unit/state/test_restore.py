@@ -276,3 +276,41 @@ async def test_a_restore_logs_its_progress_every_five_seconds_unless_told_otherw
     finally:
         store.close()
         await restorer.close()
+
+
+class CountingReader(StandbyReader):
+    """A reader over an empty changelog that counts its starts and stops."""
+
+    def __init__(self, budget: RestoreBudget) -> None:
+        super().__init__(b"", 0, budget)
+        self.starts = self.stops = 0
+
+    async def start(self) -> None:
+        self.starts += 1
+
+    async def stop(self) -> None:
+        self.stops += 1
+
+
+async def test_closing_the_restorer_stops_its_reader_once_and_the_next_use_starts_another() -> None:
+    """A restorer closed before any use stops nothing; closed after one, it stops its reader once (a second close
+    stops nothing more), and the next use starts a new reader."""
+    budget = RestoreBudget(10_000)
+    readers: list[CountingReader] = []
+
+    def make() -> CountingReader:
+        readers.append(CountingReader(budget))
+        return readers[-1]
+
+    restorer = Restorer(make, budget, fetch_bytes=1_000)  # type: ignore[arg-type]
+    await restorer.close()
+    assert readers == []
+    first = await restorer.reader()
+    await restorer.close()
+    await restorer.close()
+    assert (len(readers), readers[0].starts, readers[0].stops) == (1, 1, 1)
+    second = await restorer.reader()
+    assert second is not first
+    assert (len(readers), readers[1].starts, readers[1].stops) == (2, 1, 0)
+    await restorer.close()
+    assert readers[1].stops == 1

@@ -518,6 +518,21 @@ def test_write_failures_from_the_disk_are_unusable() -> None:
     assert str(other) == "store /s: write failed: Invalid argument: batch"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "IO error: While appending to file: /s/000012.log: Input/output error",
+        "io error: fsync /s/000012.sst",
+    ],
+    ids=["eio", "lower-case"],
+)
+def test_any_io_error_during_a_write_is_unusable_whatever_the_os_error_inside(text: str) -> None:
+    """RocksDB's IO error, in any case, is StoreUnusableError even when the OS error inside is none of those known."""
+    error = classify_write_failure(Path("/s"), Exception(text), "write")
+    assert type(error) is StoreUnusableError
+    assert str(error) == f"store /s: write failed: {text}"
+
+
 def test_an_identity_describes_itself_in_one_line_with_unknown_fields_as_question_marks() -> None:
     """Every field by name, one space apart; an empty one (a store of an older format) is '?'."""
     assert IDENTITY.describe() == (

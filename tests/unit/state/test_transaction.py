@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import InvalidTxnState, KafkaTimeoutError, ProducerFenced
+from aiokafka.errors import CorruptRecordException, InvalidTxnState, KafkaTimeoutError, ProducerFenced
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
@@ -54,7 +54,8 @@ class StandInProducer:
         self.fail_commit = fail_commit
         self.hold_sends = hold_sends  # each send's future left unanswered, in ``held``, for the test
         self.held: list[asyncio.Future[Any]] = []
-        self.errors = dict(errors or {})  # call ("offsets", "commit", "abort") -> the error it raises
+        self.errors = dict(errors or {})  # call ("send", "offsets", "commit", "abort") -> the error it raises
+        # (a send's future fails with it)
         self.calls: list[str] = []
         self.sent: list[tuple[str, int, int]] = []  # topic, partition, records
         self.store_had_key_at_commit: bool | None = None
@@ -79,6 +80,8 @@ class StandInProducer:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if self.hold_sends:
             self.held.append(future)
+        elif "send" in self.errors:
+            future.set_exception(self.errors["send"])
         else:
             future.set_result(_Sent(100))
         return future
@@ -468,6 +471,39 @@ async def test_an_abort_waits_for_the_sends_in_flight_before_aborting(store: Par
         future.set_result(_Sent(100))
     await aborting
     assert (len(producer.held), aborted_while_in_flight, producer.calls[-1]) == (1, False, "abort")
+    assert not ckpt.txn.open
+
+
+async def test_a_batch_the_broker_refuses_aborts_the_transaction_and_asks_for_a_new_producer(
+    store: PartitionStore,
+) -> None:
+    """A send's future fails with a refusal: the commit is never sent, the transaction is aborted on the broker
+    (its sends all answered), TransactionFailedError carries the refusal, and the producer needs replacing (its
+    sequence numbers no longer match the broker's)."""
+    refusal = CorruptRecordException()
+    producer = StandInProducer(store, errors={"send": refusal})
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    _stage_one(ckpt)
+    with pytest.raises(TransactionFailedError) as failed:
+        await ckpt.txn.commit()
+    assert (str(failed.value), failed.value.__cause__) == (f"transaction aborted: {refusal!r}", refusal)
+    assert (producer.calls, ckpt.txn.producer.needs_replacing) == (["begin", "abort"], True)
+    assert store.get_many([b"k"]) == {}
+    assert not ckpt.txn.open
+
+
+async def test_a_send_fenced_by_a_newer_producer_is_a_fence_without_an_abort(store: PartitionStore) -> None:
+    """A send's future fails with ProducerFenced: ProducerFencedError, the producer marked fenced, and neither a
+    commit nor an abort sent (only the newer producer can end the transaction)."""
+    producer = StandInProducer(store, errors={"send": ProducerFenced()})
+    ckpt = _checkpoint(producer, store)
+    await ckpt.begin()
+    _stage_one(ckpt)
+    with pytest.raises(ProducerFencedError, match="worker: fenced by a newer producer"):
+        await ckpt.txn.commit()
+    assert (producer.calls, ckpt.txn.producer.fenced) == (["begin"], True)
+    assert store.get_many([b"k"]) == {}
     assert not ckpt.txn.open
 
 
