@@ -113,3 +113,32 @@ async def test_a_commit_reports_the_keys_expiry_dropped(store: PartitionStore) -
     committed = await ckpt.txn.commit()
     assert committed.parts[ckpt.tp] == PartCommitted(records=1, expired=1)
     assert store.get_many([b"old"]) == {}
+
+
+async def test_a_key_staged_in_the_open_transaction_is_found_there_until_it_ends(
+    store: PartitionStore,
+) -> None:
+    """``staged`` gives the entry this transaction staged for a key (what a second copy in the same transaction is
+    judged against, before the store has it), nothing for a key not staged, and nothing once the commit is done."""
+    entry = Entry(first_seen=1, expires_at=5 * HOUR, partition=0, offset=7)
+    ckpt = _checkpoint(StandInProducer(store), store)
+    await ckpt.begin()
+    ckpt.stage(b"k", entry, None)
+    ckpt.consumed(7)
+    assert (ckpt.staged(b"k"), ckpt.staged(b"other")) == (entry, None)
+    await ckpt.txn.commit()
+    assert ckpt.staged(b"k") is None
+
+
+async def test_the_next_transaction_counts_only_its_own_records(store: PartitionStore) -> None:
+    """After a commit the part starts again from nothing: the next commit reports its one record, not three."""
+    ckpt = _checkpoint(StandInProducer(store), store)
+    await ckpt.begin()
+    ckpt.consumed(1)
+    ckpt.consumed(2)
+    await ckpt.txn.commit()
+    assert (ckpt.records, ckpt.in_transaction) == (0, False)
+    await ckpt.begin()
+    ckpt.consumed(3)
+    committed = await ckpt.txn.commit()
+    assert committed.parts[ckpt.tp] == PartCommitted(records=1, expired=0)
