@@ -20,7 +20,7 @@ from pipeline.state import replay as replay_module
 from pipeline.state.decision import Entry
 from pipeline.state.replay import Replay, expires_at, last_seen
 from pipeline.state.store import PartitionStore
-from tests.simulation.records import ABORT
+from tests.simulation.records import ABORT, COMMIT
 from tests.simulation.records import marker as marker_batch
 
 HOUR = 3_600_000
@@ -247,6 +247,33 @@ async def test_an_aborted_transaction_is_never_applied_whatever_its_producer_id(
     await replay.run(3)
     assert sorted(served.get_many([b"aborted", b"kept"])) == [b"kept"]
     assert served.changelog_offset == 2
+
+
+def _transactional(offset: int, producer: int, key: bytes) -> bytes:
+    """One transactional batch of one changelog record at ``offset``."""
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer, 0, 0, 1 << 20)
+    builder.append(0, timestamp=T0, key=key, value=_entry(T0).encode(), headers=[])
+    raw = bytearray(builder.build())
+    struct.pack_into(">q", raw, 0, offset)  # its base offset, outside the CRC
+    return bytes(raw)
+
+
+async def test_a_producers_committed_transaction_after_its_aborted_one_is_applied(
+    served: PartitionStore,
+) -> None:
+    """The abort marker ends what the producer aborted: its next transaction (offset 2, committed at 3) is applied,
+    the aborted one (offset 0, its marker at 1) is not."""
+    producer = 7
+    log = (
+        _transactional(0, producer, b"aborted")
+        + marker_batch(1, producer, 0, ABORT, T0).raw
+        + _transactional(2, producer, b"committed")
+        + marker_batch(3, producer, 0, COMMIT, T0).raw
+    )
+    reader = LogReader(log, 4, [(producer, 0)])
+    replay = Replay(served, reader, CHANGELOG, prefetch=False, quiet=True)  # type: ignore[arg-type]
+    await replay.run(4)
+    assert sorted(served.get_many([b"aborted", b"committed"])) == [b"committed"]
 
 
 class FlakyReader:
