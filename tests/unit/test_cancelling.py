@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -20,6 +21,7 @@ async def _lost_cancel_then_loops(ready: asyncio.Future[int], went_on: list[str]
         await asyncio.sleep(3600)
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's wait_for keeps the cancellation")
 async def test_wait_for_loses_a_cancellation_that_comes_with_its_result() -> None:
     """The race itself (Python 3.11): cancelled once, the loop goes on; a stop that cancels once waits forever."""
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
