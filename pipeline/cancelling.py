@@ -4,8 +4,9 @@ On Python 3.11, ``asyncio.wait_for`` returns its inner result and drops a
 cancellation that arrives as that result comes in (fixed in 3.12). A loop
 that runs ``while True`` and meets such a race (an admin client's start, a
 connection aiokafka opens with ``wait_for``) goes on as if never cancelled,
-and a stop that cancels it once and awaits it waits forever: ``pipeline up``
-then hung on SIGTERM, its console's redrive follower still running.
+and a stop that cancels it once and awaits it waits forever (the likely cause
+of ``pipeline up`` hanging on SIGTERM in some test runs: its console's redrive
+follower opens an admin client with ``wait_for`` as it stops).
 """
 
 from __future__ import annotations

@@ -21,14 +21,20 @@ async def _lost_cancel_then_loops(ready: asyncio.Future[int], went_on: list[str]
         await asyncio.sleep(3600)
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's wait_for keeps the cancellation")
-async def test_wait_for_loses_a_cancellation_that_comes_with_its_result() -> None:
-    """The race itself (Python 3.11): cancelled once, the loop goes on; a stop that cancels once waits forever."""
+async def _racing() -> tuple[asyncio.Task[None], list[str]]:
+    """The loop above, in its ``wait_for``, whose result has just come in: cancel it now and the cancel is lost."""
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     went_on: list[str] = []
     task = asyncio.create_task(_lost_cancel_then_loops(ready, went_on))
     await asyncio.sleep(0)
     ready.set_result(1)
+    return task, went_on
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's wait_for keeps the cancellation")
+async def test_wait_for_loses_a_cancellation_that_comes_with_its_result() -> None:
+    """The race itself (Python 3.11): cancelled once, the loop goes on; a stop that cancels once waits forever."""
+    task, went_on = await _racing()
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=0.1)
     assert not done
@@ -38,11 +44,7 @@ async def test_wait_for_loses_a_cancellation_that_comes_with_its_result() -> Non
 
 async def test_a_task_that_lost_its_cancellation_is_cancelled_again_and_ends() -> None:
     """``cancel_and_wait`` cancels again until the task has ended, and raises no cancellation of the task's."""
-    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    went_on: list[str] = []
-    task = asyncio.create_task(_lost_cancel_then_loops(ready, went_on))
-    await asyncio.sleep(0)
-    ready.set_result(1)
+    task, went_on = await _racing()
     stopping = asyncio.create_task(cancel_and_wait(task, again_after=AGAIN))
     done, _ = await asyncio.wait({stopping}, timeout=5)
     assert done, "the stop still waits"
