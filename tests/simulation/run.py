@@ -17,10 +17,11 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 HASH_SEED = "0"
 SEEDS_PER_PROCESS = 50
+POOL_RETRIES = 2  # a block whose pool process dies is run again this many times
 
 
 def _ensure_hash_seed() -> None:
@@ -66,8 +67,17 @@ def _first_problem(report: str) -> str:
     return lines[lines.index("problems:") + 1].strip()[:300] if "problems:" in lines else ""
 
 
-def run_many(seeds: Iterable[Run], jobs: int, *, stop_after: int | None = None) -> list[tuple[Run, str]]:
-    """Run ``seeds`` (mix, seed) on ``jobs`` processes; return ((mix, seed), report) of each failure."""
+def run_many(
+    seeds: Iterable[Run],
+    jobs: int,
+    *,
+    stop_after: int | None = None,
+    one: Callable[[Run], tuple[Run, bool, str, float, int]] = _one,
+) -> list[tuple[Run, str]]:
+    """Run ``seeds`` (mix, seed) on ``jobs`` processes; return ((mix, seed), report) of each failure.
+
+    ``one`` runs a seed (a module-level function: the pool's processes import it).
+    """
     failures: list[tuple[Run, str]] = []
     seeds = list(seeds)
     started = time.monotonic()
@@ -75,7 +85,7 @@ def run_many(seeds: Iterable[Run], jobs: int, *, stop_after: int | None = None) 
     if jobs == 1:  # in this process (a replay under a debugger, a scratch copy of the package)
         _init()
         for seed in seeds:
-            _seed, ok, report, _virtual, _steps = _one(seed)
+            _seed, ok, report, _virtual, _steps = one(seed)
             done += 1
             if not ok:
                 failures.append((seed, report))
@@ -92,30 +102,54 @@ def run_many(seeds: Iterable[Run], jobs: int, *, stop_after: int | None = None) 
     # pool per block: the executor's own max_tasks_per_child deadlocks on Python 3.11 once a worker it
     # retired is not replaced (CPython gh-115634; a 500-seed run hung after 400 seeds, twice).
     block = jobs * SEEDS_PER_PROCESS
-    stopped = False
     for first_seed in range(0, len(seeds), block):
-        if stopped:
-            break
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_init
-        ) as pool:
-            for seed, ok, report, _virtual, _steps in pool.map(
-                _one, seeds[first_seed : first_seed + block], chunksize=4
-            ):
-                done += 1
-                if not ok:
-                    failures.append((seed, report))
-                    print(f"FAIL {seed[0]}:{seed[1]}: {_first_problem(report)}", flush=True)
-                    if stop_after is not None and len(failures) >= stop_after:
-                        pool.shutdown(cancel_futures=True)
-                        stopped = True
-                        break
-                if done % 100 == 0:
-                    rate = done / (time.monotonic() - started)
-                    print(
-                        f"... {done}/{len(seeds)} seeds, {len(failures)} failed, {rate:.2f} seeds/s",
-                        flush=True,
-                    )
+        pending = seeds[first_seed : first_seed + block]
+        deaths = 0
+        while pending:
+            try:
+                with concurrent.futures.ProcessPoolExecutor(
+                    max_workers=jobs, mp_context=context, initializer=_init
+                ) as pool:
+                    for seed, ok, report, _virtual, _steps in pool.map(one, pending, chunksize=4):
+                        pending = pending[1:]
+                        done += 1
+                        if not ok:
+                            failures.append((seed, report))
+                            print(f"FAIL {seed[0]}:{seed[1]}: {_first_problem(report)}", flush=True)
+                            if stop_after is not None and len(failures) >= stop_after:
+                                pool.shutdown(cancel_futures=True)
+                                return _summary(failures, done, started, jobs)
+                        if done % 100 == 0:
+                            rate = done / (time.monotonic() - started)
+                            print(
+                                f"... {done}/{len(seeds)} seeds, {len(failures)} failed, {rate:.2f} seeds/s",
+                                flush=True,
+                            )
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                pending, deaths = _after_a_death(pending, deaths, exc, failures)
+    return _summary(failures, done, started, jobs)
+
+
+def _after_a_death(
+    pending: list[Run], deaths: int, exc: BaseException, failures: list[tuple[Run, str]]
+) -> tuple[list[Run], int]:
+    """A pool process died (killed from outside, or a seed that kills its interpreter): the seeds
+    it left are run again in a fresh pool, up to ``POOL_RETRIES`` times; then each is a failure."""
+    deaths += 1
+    if deaths <= POOL_RETRIES:
+        print(
+            f"... a pool process died ({exc}); running the {len(pending)} seeds left of its block again",
+            flush=True,
+        )
+        return pending, deaths
+    for seed in pending:
+        report = f"problems:\n  its process died {deaths} times running its block ({exc})"
+        failures.append((seed, report))
+        print(f"FAIL {seed[0]}:{seed[1]}: {_first_problem(report)}", flush=True)
+    return [], deaths
+
+
+def _summary(failures: list[tuple[Run, str]], done: int, started: float, jobs: int) -> list[tuple[Run, str]]:
     elapsed = time.monotonic() - started
     print(
         f"{done} seeds in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.2f} seeds/s on {jobs} processes): {len(failures)} failed"

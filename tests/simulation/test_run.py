@@ -1,0 +1,51 @@
+"""The many-seed runner: a pool process that dies does not end the run, nor hide a seed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.simulation.run import POOL_RETRIES, Run, run_many
+
+MARKER = "PIPELINE_TEST_RUN_MARKER"
+
+
+def _dies_at_seed_3_once(run: Run) -> tuple[Run, bool, str, float, int]:
+    """Seed 3 kills its process the first time (as mutmut's timeout or the OOM killer would)."""
+    marker = Path(os.environ[MARKER])
+    if run[1] == 3 and not marker.exists():
+        marker.touch()
+        os._exit(1)
+    return run, run[1] != 5, "problems:\n  seed 5 fails" if run[1] == 5 else "", 0.0, 0
+
+
+def _always_dies_at_seed_3(run: Run) -> tuple[Run, bool, str, float, int]:
+    """Seed 3 kills its process every time (a seed that crashes the interpreter)."""
+    if run[1] == 3:
+        os._exit(1)
+    return run, True, "", 0.0, 0
+
+
+def test_a_block_whose_process_died_is_run_again_and_every_seed_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The seeds left by a dead pool process run in a fresh pool; a real failure among them still shows."""
+    monkeypatch.setenv(MARKER, str(tmp_path / "died"))
+    failures = run_many([("default", n) for n in range(8)], 2, one=_dies_at_seed_3_once)
+    out = capsys.readouterr().out
+    assert [seed for seed, _report in failures] == [("default", 5)]
+    assert "a pool process died" in out
+    assert "\n8 seeds in" in "\n" + out
+
+
+def test_a_seed_that_always_kills_its_process_is_a_failure_after_the_retries(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A block that dies more than ``POOL_RETRIES`` times fails its seeds left: the run does not pass."""
+    failures = run_many([("default", n) for n in range(6)], 2, one=_always_dies_at_seed_3)
+    out = capsys.readouterr().out
+    assert ("default", 3) in [seed for seed, _report in failures]
+    assert out.count("a pool process died") == POOL_RETRIES
+    assert "its process died" in out
