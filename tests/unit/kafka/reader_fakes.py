@@ -3,9 +3,12 @@
 :class:`Partitions` holds what the "broker" has (records at offsets, each partition's end,
 transaction markers where an offset holds no record) and how it misbehaves: fetches that
 give nothing before some offset for a while (``pauses``), partitions that never give their
-records past an offset (``reachable``), and errors the next fetches raise (``failures``).
-:class:`FakeReader` is one consumer over it; :meth:`Partitions.connect` makes a new one, as a
-reconnect does. An empty fetch moves the shared :class:`FakeClock` by its wait.
+records past an offset (``reachable``), errors the next fetches raise (``failures``), errors
+the next positions asked after a fetch raise (``position_failures``), errors the next stops
+raise (``stop_failures``), ends that moved on after the read asked for them (``first_ends``),
+and consumers that forget where they were sent (``ignore_seeks``). :class:`FakeReader` is one
+consumer over it; :meth:`Partitions.connect` makes a new one, as a reconnect does. An empty
+fetch moves the shared :class:`FakeClock` by its wait.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp
 
 PER_FETCH = 2  # records a fetch gives per partition
+RUNAWAY = (
+    10_000  # fetches, over every consumer of a broker, after which a read is taken for one that never ends
+)
 
 
 @dataclass
@@ -62,7 +68,14 @@ class Partitions:
     pauses: dict[tuple[int, int], int] = field(default_factory=dict)  # (partition, offset) -> empty fetches
     reachable: dict[int, int] = field(default_factory=dict)  # partition -> first offset never given
     failures: list[Exception] = field(default_factory=list)  # raised by the next fetches, in order
+    position_failures: list[Exception] = field(
+        default_factory=list
+    )  # raised by the next positions after a fetch
+    stop_failures: list[BaseException] = field(default_factory=list)  # raised by the next stops, in order
+    first_ends: dict[int, int] | None = None  # what end_offsets answers, when the ends have moved on since
+    ignore_seeks: bool = False  # the consumers read on from where they are, wherever they are sent
     connects: int = 0
+    fetches: int = 0
     readers: list[FakeReader] = field(default_factory=list)
 
     @classmethod
@@ -111,22 +124,29 @@ class FakeReader:
         self.broker = broker
         self.positions: dict[TopicPartition, int] = {}
         self.stopped = False
+        self.fetches = 0
+        self.seeks: list[tuple[TopicPartition, int]] = []
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.positions = dict.fromkeys(partitions, 0)
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
-        self.positions[partition] = offset
+        self.seeks.append((partition, offset))
+        if not self.broker.ignore_seeks:
+            self.positions[partition] = offset
 
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         for tp in partitions:
             self.positions[tp] = 0
 
     async def position(self, partition: TopicPartition) -> int:
+        if self.fetches and self.broker.position_failures:
+            raise self.broker.position_failures.pop(0)
         return self.positions[partition]
 
     async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self.broker.ends[tp.partition] for tp in partitions}
+        ends = self.broker.ends if self.broker.first_ends is None else self.broker.first_ends
+        return {tp: ends[tp.partition] for tp in partitions}
 
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, Any]:
         found: dict[TopicPartition, Any] = {}
@@ -142,6 +162,9 @@ class FakeReader:
         broker = self.broker
         if self.stopped:
             raise RuntimeError("fetch on a stopped consumer")
+        self.fetches += 1
+        broker.fetches += 1
+        assert broker.fetches < RUNAWAY, "a read that never ends"
         await asyncio.sleep(0)
         if broker.failures:
             raise broker.failures.pop(0)
@@ -176,3 +199,5 @@ class FakeReader:
 
     async def stop(self) -> None:
         self.stopped = True
+        if self.broker.stop_failures:
+            raise self.broker.stop_failures.pop(0)
