@@ -205,7 +205,12 @@ async def _fetch(
             got.append(record)
             moved = True
     for tp in left:  # past transaction markers and aborted records, which give no record
-        position = await _bounded(consumer.position(tp), within)
+        try:
+            position = await _bounded(consumer.position(tp), within)
+        except (KafkaError, TimeoutError):
+            if got:  # the positions already stand past these records: give them, or they are lost
+                return got, moved  # (the next fetch meets the failure again, if it lasts)
+            raise
         if position > bounds.positions[tp]:
             bounds.positions[tp] = min(position, bounds.ends[tp])
             moved = True
