@@ -98,7 +98,11 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
         await asyncio.wait_for(admin.start(), timeout)
     except (TimeoutError, KafkaConnectionError, OSError) as exc:
         await admin.close()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc or 'timed out'}") from None
+        why = str(exc) or f"no answer within {timeout:g}s"
+        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {why}") from None
+    except BaseException:  # another error, or a cancellation: nothing is left open behind it
+        await admin.close()
+        raise
     try:
         yield admin
     except UNREACHABLE as exc:
@@ -153,7 +157,7 @@ async def ensure_topics(
             )
             for name, code, *rest in response.topic_errors:
                 if code not in (0, TOPIC_ALREADY_EXISTS):
-                    message = rest[0] if rest else ""
+                    message = (rest[0] if rest else "") or ""  # v1+ carry a message, which may be null
                     raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
             await until_served(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
             results += [TopicResult(s.name, "created", s.partitions) for s in missing]

@@ -207,7 +207,20 @@ async def test_a_start_that_never_answers_is_broker_unavailable_after_the_timeou
         with pytest.raises(BrokerUnavailableError) as caught:
             async with admin.admin_client(BOOT, timeout=0.01):
                 pytest.fail("the body ran without a started client")
-    assert str(caught.value).startswith(f"cannot reach Kafka at {BOOT}: ")
+    assert str(caught.value) == f"cannot reach Kafka at {BOOT}: no answer within 0.01s"
+    assert broker.clients[0].closed == 1
+
+
+@pytest.mark.parametrize("error", [ValueError("a bug"), asyncio.CancelledError()])
+async def test_a_start_failing_otherwise_closes_the_client_and_raises_as_it_is(
+    make_broker: MakeBroker, error: BaseException
+) -> None:
+    """An error that is not the broker being away (or the caller's cancellation) passes through, and the client
+    that was being started is closed behind it."""
+    broker = make_broker(start_error=error)
+    with pytest.raises(type(error)):
+        async with admin.admin_client(BOOT):
+            pytest.fail("the body ran without a started client")
     assert broker.clients[0].closed == 1
 
 
@@ -616,6 +629,13 @@ async def test_a_refused_create_is_an_error_naming_the_topic_the_code_and_the_me
 async def test_a_refused_create_without_a_message_names_the_code_alone(make_broker: MakeBroker) -> None:
     """A CreateTopics v0 answer (name, code) has no message: the error ends with the code."""
     make_broker(create_errors={"a": (41, None)}, messages_in_create_errors=False)
+    message = await refused(PipelineError, ensure_topics(BOOT, [TopicSpec("a", 1)]))
+    assert message == "cannot create topic a: error 41"
+
+
+async def test_a_refused_create_with_a_null_message_names_the_code_alone(make_broker: MakeBroker) -> None:
+    """A CreateTopics v1+ answer whose message is null: the error ends with the code, not "None"."""
+    make_broker(create_errors={"a": (41, None)})
     message = await refused(PipelineError, ensure_topics(BOOT, [TopicSpec("a", 1)]))
     assert message == "cannot create topic a: error 41"
 
