@@ -150,7 +150,7 @@ async def read_to_end(
                     await _closed(consumer)
                     consumer = None
             except (KafkaError, BrokerUnavailableError, TimeoutError) as exc:
-                cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                cause = _named(exc)
                 await _closed(consumer)
                 consumer = None
                 await sleep(min(backoff, max(moved_at + timeout - clock(), 0)))
@@ -215,6 +215,14 @@ async def _fetch(
             bounds.positions[tp] = min(position, bounds.ends[tp])
             moved = True
     return got, moved
+
+
+def _named(exc: BaseException) -> str:
+    """``exc`` as a line naming its type once (a KafkaError's own text starts with its type)."""
+    text = str(exc)
+    if not text or text == type(exc).__name__:
+        return type(exc).__name__
+    return text if isinstance(exc, KafkaError) else f"{type(exc).__name__}: {text}"
 
 
 async def _bounded(awaitable: Awaitable[T], seconds: float) -> T:

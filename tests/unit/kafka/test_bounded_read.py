@@ -331,13 +331,21 @@ async def test_by_default_a_read_gives_up_after_a_minute_without_progress() -> N
 
 @pytest.mark.parametrize(
     ("error", "named"),
-    [(BrokerUnavailableError("away"), "BrokerUnavailableError: away"), (TimeoutError(), "TimeoutError")],
+    [
+        (BrokerUnavailableError("away"), "BrokerUnavailableError: away"),
+        (TimeoutError(), "TimeoutError"),
+        (KafkaTimeoutError(), "KafkaTimeoutError"),
+        (
+            KafkaConnectionError("Connection at 127.0.0.1:9 closed"),
+            "KafkaConnectionError: Connection at 127.0.0.1:9 closed",
+        ),
+    ],
 )
 async def test_a_failure_past_the_deadline_waits_no_more_and_the_wait_is_told_to_a_tenth(
     error: Exception, named: str
 ) -> None:
     """A connect that fails 0.625 s in, with 0.5 s to time out: no wait, the error at once, after 0.6 s; an error
-    without a message is named by its type alone."""
+    without a message is named by its type alone, and a Kafka error's type once."""
     broker = Partitions.of(TOPIC, {0: 2})
     sleeps: list[float] = []
     with pytest.raises(ReadIncompleteError) as raised:
