@@ -9,7 +9,7 @@ import pytest
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from aiokafka.producer import sender
 
-from pipeline.kafka.partitioner import KeyPartitioner, murmur2, owner_partition
+from pipeline.kafka.partitioner import KeyPartitioner, key_hash, murmur2, owner_partition
 from pipeline.worker.clients import CONCURRENT_TXN_RETRY_S, transactional_producer, worker_consumer
 from pipeline.worker.settings import WorkerSettings
 
@@ -38,6 +38,23 @@ def test_murmur2_gives_the_java_clients_hashes(key: bytes, expected: int) -> Non
     """The hashes Kafka's own tests expect, so records land where Java producers put them."""
     assert murmur2(key) == expected & 0xFFFFFFFF
     assert owner_partition(key, 7) == (expected & 0x7FFFFFFF) % 7
+
+
+KEY_HASHES = {  # Utils.toPositive(Utils.murmur2(key)) of JAVA_MURMUR2's keys: the sign bit cleared
+    b"21": 1173551340,
+    b"foobar": 1357151166,
+    b"a-little-bit-long-string": 1161502112,
+    b"a-little-bit-longer-string": 661178819,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": 2088585677,
+    b"abc": 479470107,
+}
+
+
+@pytest.mark.parametrize(("key", "expected"), KEY_HASHES.items())
+def test_key_hash_is_the_java_clients_positive_hash(key: bytes, expected: int) -> None:
+    """``key_hash`` is the Java client's ``toPositive(murmur2(key))``: the hash with its sign bit cleared, nothing more."""
+    assert expected == JAVA_MURMUR2[key] & 0x7FFFFFFF
+    assert key_hash(key) == expected
 
 
 def test_key_partitioner_places_keys_as_owner_partition_does() -> None:

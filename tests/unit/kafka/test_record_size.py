@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from pipeline.kafka.record_size import record_size
+from pipeline.kafka.record_size import RECORD_OVERHEAD, record_size
 
 MIB = 1024 * 1024
 
@@ -26,3 +26,11 @@ def test_each_header_adds_its_name_and_value() -> None:
     bare = record_size(b"k", b"v", [])
     assert record_size(b"k", b"v", [("\u00e9", b"xyz")]) == bare + 10 + 2 + 3
     assert record_size(b"k", b"v", [("a", None)]) == bare + 10 + 1
+
+
+def test_a_record_without_a_key_counts_no_key_bytes() -> None:
+    """A keyless record is the overhead and its value, exactly; an empty key counts the same, a key its bytes."""
+    assert RECORD_OVERHEAD == 128
+    assert record_size(None, b"v" * 5, []) == 128 + 5
+    assert record_size(b"", b"v" * 5, []) == 128 + 5
+    assert record_size(b"key", b"v" * 5, []) == 128 + 3 + 5
