@@ -220,7 +220,7 @@ async def _fetch(
 def _named(exc: BaseException) -> str:
     """``exc`` as a line naming its type once (a KafkaError's own text starts with its type)."""
     text = str(exc)
-    if not text or text == type(exc).__name__:
+    if not text:
         return type(exc).__name__
     return text if isinstance(exc, KafkaError) else f"{type(exc).__name__}: {text}"
 
