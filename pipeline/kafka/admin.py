@@ -107,6 +107,8 @@ async def admin_client(bootstrap: str, *, timeout: float = 10.0) -> AsyncIterato
         yield admin
     except UNREACHABLE as exc:
         raise BrokerUnavailableError(f"lost Kafka at {bootstrap}: {exc!r}") from None
+    except TimeoutError:  # aiokafka's admin gives up on a request at its timeout with the builtin error
+        raise BrokerUnavailableError(f"lost Kafka at {bootstrap}: no answer within {timeout:g}s") from None
     finally:
         await admin.close()
 

@@ -252,6 +252,10 @@ class Operators:
             except PipelineError as exc:  # the broker away, a member not gone yet: an operator tries again
                 lines.append(f"failed: {exc}")
                 await asyncio.sleep(2.0)
+            except Exception as exc:  # the command would end in a traceback, not one readable line
+                lines.append(f"crashed: {exc!r}")
+                world.problems.append(f"pipeline rescale failed with {exc!r}, not one readable line")
+                return
 
     async def _transactions_ended(self) -> None:
         """Wait until no consumed partition holds an open transaction (a killed worker's is aborted by its

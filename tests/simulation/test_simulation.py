@@ -133,6 +133,14 @@ FOUND: dict[tuple[str, int], str] = {
         "default",
         3276,
     ): "a topic limit lowered under running workers: every record was found by refused transactions",
+    (
+        "redrive",
+        60090,
+    ): "pipeline rescale died of aiokafka admin's bare TimeoutError in an outage: half raised, never rerun",
+    (
+        "redrive",
+        60247,
+    ): "two rolling restarts of one worker and a rescale: the late restart started it under the rescale (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 

@@ -65,6 +65,7 @@ class Slot:
     incarnations: int = 0
     exits: list[str] = field(default_factory=list)
     clock_offset: float = 0.0  # how far this machine's wall clock is off (seconds): a clock jump
+    stops: int = 0  # each stop counts: a rolling restart starts the worker again only if none came after it
 
     @property
     def name(self) -> str:
@@ -173,6 +174,7 @@ class World:
         down = [slot for slot in self.slots if slot.wanted]
         for slot in down:
             slot.wanted = False
+            slot.stops += 1
             process = slot.process
             if process is None or not process.alive:
                 continue
@@ -673,8 +675,12 @@ class World:
         await self._leave(owner, owner_process, 2.0)
 
     async def _leave(self, slot: Slot, process: Process, duration: float) -> None:
-        """SIGTERM, and a start again ``duration`` later once it has stopped (a rolling restart)."""
+        """SIGTERM, and a start again ``duration`` later once it has stopped (a rolling restart); unless another
+        stop came meanwhile, which then owns the start (two restarts at once, or a rescale stopping every worker
+        as this one ends: seed 60247 of the redrive mix)."""
         slot.wanted = False
+        slot.stops += 1
+        mine = slot.stops
         if slot.worker is not None:
             slot.worker.stop()
         self.note(f"{process.name} SIGTERM")
@@ -687,6 +693,8 @@ class World:
                 )
                 self.problems.extend(self.loop.stacks(process)[:12])
                 self._crash(process)
+        if slot.stops != mine:
+            return
         slot.wanted = True
         self.start(slot)
 
@@ -777,6 +785,7 @@ class World:
         running = [s for s in self.slots if s.running]
         for slot in running:
             slot.wanted = False
+            slot.stops += 1
             if slot.worker is not None:
                 slot.worker.stop()
         await self._stopped(*(s.process for s in running if s.process is not None), limit=STOP_LIMIT_S)

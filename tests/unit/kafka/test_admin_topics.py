@@ -245,6 +245,19 @@ async def test_each_error_of_a_broker_gone_while_in_use_is_broker_unavailable(
     assert broker.clients[0].closed == 1
 
 
+async def test_a_request_given_up_by_its_timeout_while_in_use_is_broker_unavailable(
+    make_broker: MakeBroker,
+) -> None:
+    """A request aiokafka's admin gives up on (the builtin TimeoutError of its request timeout, as when the broker
+    goes away mid-request) says "lost Kafka", so ``pipeline rescale`` ends in one line (seed redrive:60090)."""
+    broker = make_broker()
+    with pytest.raises(BrokerUnavailableError) as caught:
+        async with admin.admin_client(BOOT, timeout=4.0):
+            raise TimeoutError
+    assert str(caught.value) == f"lost Kafka at {BOOT}: no answer within 4s"
+    assert broker.clients[0].closed == 1
+
+
 async def test_another_error_while_in_use_passes_through_and_the_client_is_closed(
     make_broker: MakeBroker,
 ) -> None:
