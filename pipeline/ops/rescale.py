@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewPartitions
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka.admin import (
     admin_client,
     describe_topic_configs,
@@ -98,7 +98,7 @@ async def rescale(
 
     Returns the number of entries re-published. Safe to run again after an
     interruption: finished changelog partitions are skipped. A Kafka error on
-    the way is a :class:`RescaleError` (run it again), and so is a transaction
+    the way, or the broker lost, is a :class:`RescaleError` (run it again), and so is a transaction
     still open on a changelog partition after ``open_transaction_timeout`` seconds.
     """
     try:
@@ -109,6 +109,8 @@ async def rescale(
         raise RescaleError(
             f"the rescale stopped on a Kafka error ({exc!r}): run it again, it resumes"
         ) from exc
+    except BrokerUnavailableError as exc:  # the broker went away partway: some topics may be raised already
+        raise RescaleError(f"the rescale stopped: {exc}: run it again, it resumes") from exc
 
 
 async def _rescale(

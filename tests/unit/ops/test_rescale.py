@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
 from pipeline import topology
+from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka.admin import topic_specs
 from pipeline.ops import rescale
 from tests.integration.harness import write_topology
@@ -55,3 +57,27 @@ async def test_raising_partitions_returns_only_once_the_broker_serves_them(
     monkeypatch.setattr(rescale, "partition_count", count)
     await rescale._raise_partitions("127.0.0.1:1", names, 8, lambda _line: None)
     assert broker.served == dict.fromkeys(names, 8)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        BrokerUnavailableError("lost Kafka at 127.0.0.1:1: no answer within 10s"),
+        KafkaConnectionError("closed"),
+    ],
+)
+async def test_a_broker_lost_mid_rescale_says_to_run_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """The broker going away partway (a half-raised rescale) ends in one line that says to run it again."""
+    topo = topology.load(write_topology(tmp_path / "t.toml", "rescale-unit", partitions=4))
+
+    async def lost(*_args: object) -> int:
+        raise error
+
+    monkeypatch.setattr(rescale, "_rescale", lost)
+    with pytest.raises(rescale.RescaleError, match="run it again, it resumes") as caught:
+        await rescale.rescale(
+            "127.0.0.1:1", topo, partitions=8, group="g", state_file=tmp_path / "rescale.json"
+        )
+    assert str(error) in str(caught.value) or repr(error) in str(caught.value)
