@@ -215,7 +215,13 @@ async def _read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dic
     )
     configs: dict[str, dict[str, str]] = {}
     for response in responses:
-        for _code, _message, _type, name, entries in response.resources:
+        for code, message, _type, name, entries in response.resources:
+            if code == UNKNOWN_TOPIC_OR_PARTITION:
+                raise missing_topic(name)
+            if code:  # an empty answer would read as the broker's defaults: a limit or a bound lost
+                raise PipelineError(
+                    f"cannot read the configs of topic {name}: {message} (Kafka error {code})"
+                )
             configs[name] = {entry[0]: entry[1] for entry in entries}
     return configs
 
@@ -283,14 +289,7 @@ def _served_partitions(described: dict[str, Any]) -> int | None:
 async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """The current configs of ``names`` (all keys, defaults included)."""
     async with admin_client(bootstrap) as admin:
-        responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        )
-    configs: dict[str, dict[str, str]] = {}
-    for response in responses:
-        for _code, _message, _type, name, entries in response.resources:
-            configs[name] = {entry[0]: entry[1] for entry in entries}
-    return configs
+        return await _read_configs(admin, names)
 
 
 @dataclass(frozen=True, slots=True)

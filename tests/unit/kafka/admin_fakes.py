@@ -78,6 +78,9 @@ class FakeBroker:
     create_errors: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     messages_in_create_errors: bool = True  # False: CreateTopics v0's (name, code) pairs
     alter_errors: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    config_errors: dict[str, tuple[int, str | None]] = field(
+        default_factory=dict
+    )  # DescribeConfigs per topic
     start_error: BaseException | None = None
     start_hangs: bool = False
     # what was asked
@@ -221,6 +224,10 @@ class FakeAdminClient:
             names.append(resource.name)
             if resource.name not in self.broker.topics:
                 resources.append((UNKNOWN_TOPIC_OR_PARTITION, "unknown topic", 2, resource.name, []))
+                continue
+            if resource.name in self.broker.config_errors:
+                code, message = self.broker.config_errors[resource.name]
+                resources.append((code, message, 2, resource.name, []))
                 continue
             configs = self.broker.configs_of(resource.name)
             entries = [

@@ -513,6 +513,30 @@ async def test_describe_topic_configs_gives_every_key_of_each_topic_defaults_inc
     assert broker.clients[0].closed == 1
 
 
+async def test_the_configs_of_a_topic_that_does_not_exist_are_refused_not_read_as_defaults(
+    make_broker: MakeBroker,
+) -> None:
+    """A topic the broker does not know is a ConfigError naming it, not an empty config that reads as defaults."""
+    broker = make_broker()
+    broker.add("a", 1)
+    with pytest.raises(ConfigError, match=r"^topic gone does not exist: run 'pipeline topics create' first$"):
+        await describe_topic_configs(BOOT, ["a", "gone"])
+    assert broker.clients[0].closed == 1
+
+
+async def test_configs_the_broker_refuses_to_give_are_an_error_with_its_code_and_message(
+    make_broker: MakeBroker,
+) -> None:
+    """A topic whose configs the broker will not describe (not authorized) fails with the broker's reason."""
+    broker = make_broker()
+    broker.add("a", 1)
+    broker.config_errors["a"] = (29, "not authorized")
+    with pytest.raises(
+        PipelineError, match=r"^cannot read the configs of topic a: not authorized \(Kafka error 29\)$"
+    ):
+        await describe_topic_configs(BOOT, ["a"])
+
+
 # -- ensure_topics -------------------------------------------------------------------------------------
 
 COMPACT = {"cleanup.policy": "compact"}
