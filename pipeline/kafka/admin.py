@@ -157,12 +157,22 @@ async def ensure_topics(
                 [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs) for s in missing],
                 timeout_ms=int(timeout * 1000),
             )
+            raced = set()  # created by another client between our describe and our create
             for name, code, *rest in response.topic_errors:
-                if code not in (0, TOPIC_ALREADY_EXISTS):
+                if code == TOPIC_ALREADY_EXISTS:
+                    raced.add(name)
+                elif code != 0:
                     message = (rest[0] if rest else "") or ""  # v1+ carry a message, which may be null
                     raise PipelineError(f"cannot create topic {name}: error {code} {message}".strip())
-            await until_served(admin, {s.name: s.partitions for s in missing}, timeout=timeout)
-            results += [TopicResult(s.name, "created", s.partitions) for s in missing]
+            made = [s for s in missing if s.name not in raced]
+            if made:
+                await until_served(admin, {s.name: s.partitions for s in made}, timeout=timeout)
+            results += [TopicResult(s.name, "created", s.partitions) for s in made]
+            if raced:  # taken as they are, as any existing topic: its count checked, our configs restored
+                existing.update(await _served_counts(admin, sorted(raced), timeout))
+                problem = _partition_problem([s for s in specs if s.name in raced], existing)
+                if problem is not None:
+                    raise ConfigError(problem)
         present = [s for s in specs if s.name in existing]
         current = await _read_configs(admin, [s.name for s in present if s.configs])
         changes = {
@@ -180,6 +190,21 @@ async def ensure_topics(
                 TopicResult(spec.name, "updated" if changed else "exists", existing[spec.name], note)
             )
         return results
+
+
+async def _served_counts(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> dict[str, int]:
+    """Each topic's partition count once the broker serves it (another client just created it)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        counts = {t["topic"]: _served_partitions(t) for t in await admin.describe_topics(names)}
+        if all(counts.get(name) for name in names):
+            return {name: count for name, count in counts.items() if count}
+        if asyncio.get_running_loop().time() > deadline:
+            missing = ", ".join(name for name in names if not counts.get(name))
+            raise PipelineError(
+                f"topics created by another client but not served after {timeout:g}s: {missing}"
+            )
+        await asyncio.sleep(0.1)
 
 
 def _partition_problem(specs: Sequence[TopicSpec], existing: dict[str, int]) -> str | None:

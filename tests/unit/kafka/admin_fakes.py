@@ -78,9 +78,10 @@ class FakeBroker:
     create_errors: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     messages_in_create_errors: bool = True  # False: CreateTopics v0's (name, code) pairs
     alter_errors: dict[str, tuple[int, str | None]] = field(default_factory=dict)
-    config_errors: dict[str, tuple[int, str | None]] = field(
-        default_factory=dict
-    )  # DescribeConfigs per topic
+    # DescribeConfigs refused per topic: (code, message)
+    config_errors: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    # (partitions, configs) another client gave a topic of ``concurrent`` (default: as we asked)
+    concurrent_layouts: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
     start_error: BaseException | None = None
     start_hangs: bool = False
     # what was asked
@@ -202,7 +203,10 @@ class FakeAdminClient:
             if topic.name in broker.create_errors:
                 code, message = broker.create_errors[topic.name]
             elif topic.name in broker.concurrent:
-                broker.add(topic.name, topic.num_partitions, dict(topic.topic_configs))
+                partitions, configs = broker.concurrent_layouts.get(
+                    topic.name, (topic.num_partitions, dict(topic.topic_configs))
+                )
+                broker.add(topic.name, partitions, configs, hidden_for=broker.serve_after)
                 code, message = TOPIC_ALREADY_EXISTS, f"Topic '{topic.name}' already exists."
             elif topic.name in broker.topics:
                 code, message = TOPIC_ALREADY_EXISTS, f"Topic '{topic.name}' already exists."

@@ -644,10 +644,50 @@ async def test_a_topic_another_client_created_first_is_tolerated(make_broker: Ma
     """TOPIC_ALREADY_EXISTS (36) for a topic created between the describe and the create is not an error."""
     broker = make_broker(concurrent={"a"})
     assert await ensure_topics(BOOT, [TopicSpec("a", 2), TopicSpec("b", 2)]) == [
-        TopicResult("a", "created", 2),
         TopicResult("b", "created", 2),
+        TopicResult("a", "exists", 2),
     ]
     assert broker.topics["b"].partitions == 2
+
+
+async def test_a_topic_another_client_created_first_is_waited_for_until_served(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
+    """A topic created meanwhile that the broker serves after two more describes is waited for, then counted."""
+    broker = make_broker(concurrent={"a"}, serve_after=2)
+    assert await ensure_topics(BOOT, [TopicSpec("a", 2)]) == [TopicResult("a", "exists", 2)]
+    assert clock.sleeps == [0.1, 0.1]
+    assert broker.described == [None, ["a"], ["a"], ["a"]]
+
+
+async def test_a_topic_another_client_created_first_never_served_is_an_error_after_the_timeout(
+    make_broker: MakeBroker,
+) -> None:
+    """PipelineError naming the topic another client created that the broker does not serve in time."""
+    make_broker(concurrent={"a"}, serve_after=100)
+    message = await refused(PipelineError, ensure_topics(BOOT, [TopicSpec("a", 1)], timeout=0.2))
+    assert message == "topics created by another client but not served after 0.2s: a"
+
+
+async def test_a_topic_another_client_created_first_gets_our_configs_restored(
+    make_broker: MakeBroker,
+) -> None:
+    """A topic created meanwhile without the configs we own is reported as updated, with them restored."""
+    broker = make_broker(concurrent={"a"}, concurrent_layouts={"a": (2, {})})
+    assert await ensure_topics(BOOT, [TopicSpec("a", 2, 1, COMPACT)]) == [
+        TopicResult("a", "updated", 2, "restored cleanup.policy=compact"),
+    ]
+    assert broker.topics["a"].configs == COMPACT
+
+
+async def test_a_topic_another_client_created_first_with_another_count_is_refused(
+    make_broker: MakeBroker,
+) -> None:
+    """A topic created meanwhile with another partition count is the same ConfigError as one found at the start."""
+    broker = make_broker(concurrent={"a"}, concurrent_layouts={"a": (3, {})})
+    message = await refused(ConfigError, ensure_topics(BOOT, [TopicSpec("a", 2)]))
+    assert message.startswith("partition counts differ from the 2 asked (a has 3)")
+    assert broker.altered == []
 
 
 async def test_a_refused_create_is_an_error_naming_the_topic_the_code_and_the_message(
