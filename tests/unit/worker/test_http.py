@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import socket
+from typing import Any
+from urllib.parse import quote
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from yarl import URL
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.state.decision import Entry
 from pipeline.worker import http as worker_http
 from pipeline.worker.health import Health, partition_health
 
@@ -78,3 +83,183 @@ async def test_healthz_answers_liveness_and_readyz_readiness(
             response = await client.get(path)
             assert response.status == status, path
             assert await response.json() == health.detail
+
+
+ENTRY = Entry(first_seen=1_000, expires_at=2_000, partition=5, offset=42, duplicates=2, topic="commands")
+
+
+class FakeStore:
+    """A seen-set that answers ``get_many`` from a dict."""
+
+    def __init__(self, entries: dict[bytes, Entry]) -> None:
+        self.entries = entries
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, Entry]:
+        """The entries of ``keys`` that exist."""
+        return {key: self.entries[key] for key in keys if key in self.entries}
+
+
+def _owner(partitions: dict[tuple[str, bytes], int]) -> worker_http.Owner:
+    """An owner function answering only the (topic, key) pairs it is given."""
+    return lambda topic, key: partitions[(topic, key)]
+
+
+def _app(
+    stores: dict[tuple[str, int], Any] | None = None,
+    *,
+    owner: worker_http.Owner = lambda _t, _k: 0,
+    topics: list[str] | None = None,
+    registry: CollectorRegistry | None = None,
+    standbys: dict[str, Any] | None = None,
+) -> web.Application:
+    """A worker's app over the given stores, owner, topics, registry and standbys (healthy)."""
+    return worker_http.build_app(
+        lambda: stores or {},
+        owner,
+        topics or [],
+        registry or CollectorRegistry(),
+        lambda: Health(True, {"status": "ok"}, True),
+        lambda: standbys or {},
+    )
+
+
+async def test_metrics_are_the_registry_in_prometheus_text_format() -> None:
+    """/metrics answers 200 with the registry's exposition, typed as Prometheus' latest text format."""
+    registry = CollectorRegistry()
+    Counter("pipeline_test_events", "Events", ["source"], registry=registry).labels("stripe").inc(3)
+    async with TestClient(TestServer(_app(registry=registry))) as client:
+        response = await client.get("/metrics")
+        assert response.status == 200
+        assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST
+        body = await response.read()
+    assert body == generate_latest(registry)
+    assert b'pipeline_test_events_total{source="stripe"} 3.0' in body
+
+
+async def test_partitions_lists_served_and_standby_partitions_by_topic() -> None:
+    """/partitions: served partitions by topic in order, standby partitions by topic, and each standby's detail."""
+    stores: dict[tuple[str, int], Any] = {("raw", 4): None, ("effects", 1): None, ("raw", 0): None}
+    standbys = {
+        "webhooks.raw-v2-3": {"state": "following", "position": 9, "lag_records": 1, "lag_seconds": 0.5},
+        "webhooks.raw-v2-11": {"state": "opening", "position": -1, "lag_records": None, "lag_seconds": None},
+    }
+    async with TestClient(TestServer(_app(stores, standbys=standbys))) as client:
+        response = await client.get("/partitions")
+        assert response.status == 200
+        assert response.content_type == "application/json"
+        assert await response.json() == {
+            "partitions": {"effects": [1], "raw": [0, 4]},
+            "standby": {"webhooks.raw-v2": [3, 11]},
+            "standbys": standbys,
+        }
+
+
+async def test_partitions_of_a_worker_serving_nothing_are_empty() -> None:
+    """/partitions of a worker with no partition and no standby lists nothing."""
+    async with TestClient(TestServer(_app())) as client:
+        response = await client.get("/partitions")
+        assert response.status == 200
+        assert await response.json() == {"partitions": {}, "standby": {}, "standbys": {}}
+
+
+async def test_a_known_key_is_answered_by_the_partition_that_owns_it() -> None:
+    """/keys/{key} skips a topic whose owning partition is elsewhere and answers from the one held here."""
+    stores: dict[tuple[str, int], Any] = {
+        ("raw", 2): FakeStore({b"other:1": ENTRY}),
+        ("effects", 5): FakeStore({b"stripe:evt_1": ENTRY}),
+    }
+    owner = _owner({("raw", b"stripe:evt_1"): 3, ("effects", b"stripe:evt_1"): 5})
+    app = _app(stores, owner=owner, topics=["raw", "effects"])
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/keys/stripe:evt_1")
+        assert response.status == 200
+        assert await response.json() == {
+            "key": "stripe:evt_1",
+            "owned": True,
+            "topic": "effects",
+            "partition": 5,
+            "known": True,
+            "entry": {
+                "first_seen": 1_000,
+                "expires_at": 2_000,
+                "partition": 5,
+                "offset": 42,
+                "duplicates": 2,
+                "last_seen": 0,
+                "command": None,
+                "topic": "commands",
+                "body_hash": None,
+                "conflicts": 0,
+            },
+        }
+
+
+async def test_an_owned_key_never_seen_is_unknown() -> None:
+    """A key whose partition is held here but absent from its seen-set: owned, not known, no entry."""
+    stores: dict[tuple[str, int], Any] = {("raw", 1): FakeStore({b"stripe:evt_2": ENTRY})}
+    app = _app(stores, owner=_owner({("raw", b"stripe:evt_1"): 1}), topics=["raw"])
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/keys/stripe:evt_1")
+        assert response.status == 200
+        assert await response.json() == {
+            "key": "stripe:evt_1",
+            "owned": True,
+            "topic": "raw",
+            "partition": 1,
+            "known": False,
+        }
+
+
+async def test_a_key_owned_elsewhere_is_404_not_owned() -> None:
+    """When no topic's owning partition is held here, /keys/{key} answers 404 {"key", "owned": false}."""
+    stores: dict[tuple[str, int], Any] = {("raw", 0): FakeStore({b"stripe:evt_1": ENTRY})}
+    owner = _owner({("raw", b"stripe:evt_1"): 1, ("effects", b"stripe:evt_1"): 2})
+    app = _app(stores, owner=owner, topics=["raw", "effects"])
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/keys/stripe:evt_1")
+        assert response.status == 404
+        assert response.content_type == "application/json"
+        assert await response.json() == {"key": "stripe:evt_1", "owned": False}
+
+
+async def test_a_key_quoted_whole_is_looked_up_as_it_was() -> None:
+    """A key with "/", "?", "#", "%" and spaces, quoted whole as ``pipeline inspect`` does, reaches its seen-set."""
+    name = "src:a/b?c#d%e f"
+    stores: dict[tuple[str, int], Any] = {("raw", 0): FakeStore({name.encode(): ENTRY})}
+    app = _app(stores, owner=_owner({("raw", name.encode()): 0}), topics=["raw"])
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get(URL("/keys/" + quote(name, safe=""), encoded=True))
+        assert response.status == 200
+        answer = await response.json()
+    assert (answer["key"], answer["known"]) == (name, True)
+
+
+async def test_serve_listens_only_on_the_host_asked_without_an_access_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """serve() binds the one host given (not every interface), bound_port() names the port, and requests are not logged."""
+    app = _app()
+    with caplog.at_level(logging.DEBUG):
+        runner = await worker_http.serve(app, "127.0.0.1", 0)
+        try:
+            port = worker_http.bound_port(runner)
+            assert runner.addresses == [("127.0.0.1", port)]
+            async with (
+                ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/healthz") as response,
+            ):
+                assert response.status == 200
+        finally:
+            await runner.cleanup()
+    assert [record for record in caplog.records if record.name == "aiohttp.access"] == []
+
+
+async def test_bound_port_of_a_runner_not_listening_is_an_error() -> None:
+    """bound_port() on a runner with no site raises PipelineError saying the endpoint is not listening."""
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    try:
+        with pytest.raises(PipelineError, match=r"^the worker's HTTP endpoint is not listening$"):
+            worker_http.bound_port(runner)
+    finally:
+        await runner.cleanup()
