@@ -9,24 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
 from pipeline.cli import services
-from pipeline.errors import BrokerUnavailableError, PartitionUnservedError, UnstableOffsetsError
+from pipeline.errors import (
+    BrokerUnavailableError,
+    PartitionUnservedError,
+    ProducerFencedError,
+    UnstableOffsetsError,
+)
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import loop as loop_module
 from pipeline.worker import opening as opening_module
+from pipeline.worker.assignor import decode_claim
+from pipeline.worker.executor import TaskExecutor
+from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.loop import Worker
+from pipeline.worker.loop import FENCE_WINDOW_S, FENCES_ALLOWED, Worker
 from pipeline.worker.pacing import poll_ms
 from pipeline.worker.task import ActiveTask
 
@@ -668,3 +680,234 @@ async def test_limits_that_cannot_be_read_again_leave_the_refused_records_to_the
     assert w.task is not None
     assert not w.task.done()  # the worker goes on
     await w.stop()
+
+
+# -- what the loop asks of its fetch, its HTTP endpoint, its group metadata --------------------------
+
+
+class RecordingFetch(LoopFetch):
+    """The loop's fetch, noting how each call was asked: (wait_ms, hurry, gather)."""
+
+    asks: list[tuple[int, bool, bool]]
+
+    async def next(
+        self, consumer: Any, wait_ms: int, *, hurry: bool = False, gather: bool = False
+    ) -> dict[TopicPartition, list[Any]]:
+        self.asks.append((wait_ms, hurry, gather))
+        return await super().next(consumer, wait_ms, hurry=hurry, gather=gather)
+
+
+@pytest.fixture
+def fetch_asks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool, bool]]:
+    """Every (wait_ms, hurry, gather) the worker's loop asks its fetch for, in order."""
+    asks: list[tuple[int, bool, bool]] = []
+    monkeypatch.setattr(RecordingFetch, "asks", asks, raising=False)
+    monkeypatch.setattr(loop_module, "LoopFetch", RecordingFetch)
+    return asks
+
+
+async def test_nothing_is_fetched_while_a_new_producer_cannot_start_and_a_stop_meanwhile_hurries_the_fetch(
+    start_worker: Starter, fetch_asks: list[tuple[int, bool, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fenced, then two replacements fail: the consumer is not polled until one starts; a stop() arriving while it
+    starts makes that cycle's fetch a hurried one (it does not wait)."""
+    monkeypatch.setattr(loop_module, "PRODUCER_RETRY_S", 0.001)
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail["commit"].append(ProducerFenced())
+    polls_at_attempt: list[int] = []
+
+    def prepare(producer: FakeProducer) -> None:
+        polls_at_attempt.append(w.consumer.polls)
+        if len(polls_at_attempt) < 3:
+            producer.fail["start"].append(KafkaConnectionError())
+        else:
+            w.worker.stop()
+
+    w.clients.producers.prepare = prepare
+    await asyncio.wait_for(w.worker.run(), 5)
+    assert len(polls_at_attempt) == 3
+    assert len(set(polls_at_attempt)) == 1  # not one fetch between the fence and the new producer
+    assert fetch_asks[-1][1] is True
+
+
+async def test_a_lingering_transaction_gathers_what_comes_in_one_fetch(
+    start_worker: Starter, fetch_asks: list[tuple[int, bool, bool]]
+) -> None:
+    """While a caught-up transaction lingers, the loop asks for a gathering fetch (never while hurried or not waiting)."""
+    w = await start_worker(
+        assign={TP0}, logs={}, commit_policy="caught-up", commit_interval=4.0, commit_linger=0.2
+    )
+    w.run()
+    await eventually(lambda: (t := _part(w.worker, TP0)) is not None and t.serving)
+    w.consumer.logs[TP0].extend(records(0, 0, keys_for(0, 2)))
+    await eventually(lambda: w.producer.offsets != [], what="the commit")
+    gathering = [ask for ask in fetch_asks if ask[2]]
+    assert gathering
+    assert all(wait > 0 and not hurry for wait, hurry, _ in gathering)
+    await w.stop()
+
+
+async def test_a_fetch_waits_until_the_open_transaction_is_due_and_not_at_all_once_it_is(
+    start_worker: Starter, fetch_asks: list[tuple[int, bool, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Due in 2.5 s (the poll wait being 30 s): the fetch waits 2500 ms; overdue: 0 ms."""
+    due = {"in": 2.5}
+    real_due_in = TaskExecutor.due_in
+
+    def due_in(self: TaskExecutor, tasks: Any) -> float | None:
+        return None if real_due_in(self, tasks) is None else due["in"]
+
+    monkeypatch.setattr(TaskExecutor, "due_in", due_in)
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="interval", commit_interval=60.0)
+    w.run()
+    await eventually(
+        lambda: (t := _part(w.worker, TP0)) is not None and t.part is not None and t.part.records == 2
+    )
+    await eventually(lambda: len(fetch_asks) >= 3)
+    assert 2500 in {wait for wait, _, _ in fetch_asks}
+    due["in"] = -0.5
+    await eventually(lambda: w.producer.offsets != [], what="the overdue commit")
+    assert {wait for wait, _, _ in fetch_asks} <= {0, 2500, 30_000}
+    await w.stop()
+
+
+async def test_the_worker_serves_its_http_endpoint_on_the_host_and_port_it_is_given(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--metrics-port: /metrics, /healthz, /readyz, /partitions and /keys/{key} answer for this worker, on
+    --http-host only."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs=_logs(2)))
+    worker = Worker(settings(tmp_path, metrics_port=port, http_host="127.0.0.2"), TOPOLOGY, io=io)
+    with caplog.at_level(logging.INFO, logger="pipeline.worker.loop"):
+        await worker.start()
+    assert f"metrics and inspect endpoint on port {port}" in caplog.text
+    w = Running(worker, clients)
+    w.run()
+    try:
+        await eventually(lambda: (t := _part(worker, TP0)) is not None and t.serving)
+        await eventually(lambda: w.producer.committed_offset() == 2, what="the commit")
+        base = f"http://127.0.0.2:{port}"
+        key = keys_for(0, 1)[0]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/metrics") as answer:
+                assert answer.status == 200
+                assert "pipeline_" in await answer.text()
+            for probe_path in ("/healthz", "/readyz"):
+                async with http.get(base + probe_path) as answer:
+                    assert (answer.status, await answer.json()) == (
+                        200,
+                        {"status": "ok", "partitions": {f"{INPUT}-0": "ready"}},
+                    )
+            async with http.get(f"{base}/partitions") as answer:
+                assert await answer.json() == {"partitions": {INPUT: [0]}, "standby": {}, "standbys": {}}
+            async with http.get(f"{base}/keys/{key}") as answer:
+                found = await answer.json()
+                assert (answer.status, found["owned"], found["partition"], found["known"]) == (
+                    200,
+                    True,
+                    0,
+                    True,
+                )
+            async with http.get(f"{base}/keys/{keys_for(1, 1)[0]}") as answer:
+                assert answer.status == 404  # partition 1's key: not owned here
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await http.get(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        await w.stop()
+
+
+async def test_the_worker_claims_its_served_partitions_store_positions_in_its_group_metadata(
+    tmp_path: Path,
+) -> None:
+    """What the worker's assignor tells the group: each served partition's store at its changelog position."""
+    assignors: list[Any] = []
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs=_logs(2)))
+
+    def consumer(_settings: Any, *, assignor: Any) -> FakeConsumer:
+        assignors.append(assignor)
+        return clients.consumer
+
+    io = dataclasses.replace(io, consumer=consumer)
+    worker = Worker(settings(tmp_path, commit_policy="caught-up"), TOPOLOGY, io=io)
+    assert worker.standby_partitions() == set()
+    await worker.start()
+    w = Running(worker, clients)
+    w.run()
+    try:
+        await eventually(lambda: w.producer.committed_offset() == 2, what="the commit")
+        store = worker.tasks[TP0].store
+        assert store is not None
+        metadata = assignors[0].metadata([INPUT])
+        claim = decode_claim(metadata.subscription, metadata.user_data)
+        assert claim.positions == {TP0: store.changelog_offset}
+        assert worker.standby_partitions() == set()
+    finally:
+        await w.stop()
+
+
+async def test_a_failed_worker_is_not_alive(start_worker: Starter, tmp_path: Path) -> None:
+    """A partition that cannot be served fails the worker: /healthz says so (not alive, the failure named)."""
+    _conflicting_store(tmp_path, TP1)
+    w = await start_worker(assign=set())
+    w.consumer.assigned.add(TP1)
+    await w.worker.partitions_assigned({TP1})
+    await eventually(lambda: not w.worker.health().live, what="the failure")
+    health = w.worker.health()
+    assert health.detail["status"] == "unhealthy"
+    assert "the worker failed and is stopping" in health.detail["problems"]
+    with pytest.raises(PartitionUnservedError):
+        await asyncio.wait_for(w.worker.run(), 5)
+
+
+async def test_a_revocation_while_a_new_producer_cannot_start_aborts_and_closes_the_partition(
+    start_worker: Starter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fenced and no producer can start yet: a revocation aborts what is open (nothing to commit through) and
+    closes the revoked task."""
+    monkeypatch.setattr(loop_module, "PRODUCER_RETRY_S", 0.001)
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail["commit"].append(ProducerFenced())
+    broker_away = [True]
+    w.clients.producers.prepare = lambda p: p.fail["start"].extend(
+        [KafkaConnectionError()] if broker_away[0] else []
+    )
+    w.run()
+    await eventually(
+        lambda: len(next(iter(w.clients.producers.made.values()))) >= 3, what="failed replacements"
+    )
+    task = w.worker.tasks[TP0]
+    w.consumer.assigned.discard(TP0)
+    await w.worker.partitions_revoked({TP0})
+    assert task.state is S.CLOSED
+    assert TP0 not in w.worker.tasks
+    assert w.producer.calls.count("commit") == 1  # the fenced one: nothing committed since
+    broker_away[0] = False
+    await w.stop()
+
+
+@pytest.mark.parametrize(("apart", "fails"), [(1.0, True), (FENCE_WINDOW_S / 4, False)])
+async def test_five_fences_within_the_window_stop_the_worker_naming_the_transactional_id(
+    start_worker: Starter, monkeypatch: pytest.MonkeyPatch, apart: float, fails: bool
+) -> None:
+    """Five fences within 60 s stop the worker with one line naming its transactional id; five spread over
+    exactly 60 s (15 s apart) never add up, and the sixth commit goes through."""
+    clock = iter(1000.0 + apart * i for i in range(100))
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
+    w.producer.fail["commit"].extend(ProducerFenced() for _ in range(FENCES_ALLOWED))
+    if fails:
+        with pytest.raises(ProducerFencedError) as raised:
+            await asyncio.wait_for(w.worker.run(), 5)
+        assert str(raised.value) == (
+            f"the producer was fenced 5 times in 60s: another process uses transactional id "
+            f"{w.worker.transactional_id} (the same --instance-id, or the same host and state dir)"
+        )
+        assert w.producer.offsets == []
+    else:
+        w.run()
+        await eventually(lambda: w.producer.offsets == [(TP0, 2, GROUP)], what="the sixth commit")
+        assert w.clients.group.rejoins == FENCES_ALLOWED
+        await w.stop()

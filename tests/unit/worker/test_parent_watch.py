@@ -54,3 +54,9 @@ async def test_the_watch_does_nothing_while_the_supervisor_lives() -> None:
     with pytest.raises(asyncio.CancelledError):
         await watch
     assert stops == []
+
+
+@pytest.mark.parametrize("pid", [2, 3])
+def test_any_process_id_above_init_names_a_supervisor(pid: int) -> None:
+    """Only 0 and 1 (init) are refused: pid 2 and up are processes a supervisor can be."""
+    assert supervisor_pid({SUPERVISOR_PID_ENV: str(pid)}) == pid

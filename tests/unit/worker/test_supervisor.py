@@ -10,12 +10,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from pipeline.cli import build_parser, main, parse_processes, worker_settings
 from pipeline.errors import ConfigError
+from pipeline.worker import supervisor as supervisor_module
 from pipeline.worker.parent_watch import SUPERVISOR_PID_ENV
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.supervisor import (
@@ -26,6 +28,7 @@ from pipeline.worker.supervisor import (
     child_settings,
     child_specs,
     exit_text,
+    settings_argv,
 )
 
 # A fake worker: argv[1] is a directory for its marker files, argv[2] what it does.
@@ -301,3 +304,240 @@ async def test_a_stop_while_children_start_is_clean(tmp_path: Path) -> None:
     supervisor.stop()
     await asyncio.wait_for(supervisor.run(), 10)
     assert {p.returncode for p in supervisor.children.values()} <= {0, -signal.SIGTERM}
+
+
+# -- the supervisor over fake children: no process, no clock ---------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """What one start of a child does: exit with ``code`` after ``lifetime`` seconds (None: run until
+    signalled), exiting with ``on_term`` on SIGTERM (None: ignore it); ``gone``: it already exited unreaped."""
+
+    code: int | None = None
+    lifetime: float = 0.0
+    on_term: int | None = 0
+    gone: bool = False
+
+
+class FakeChild:
+    """A child process the test's :class:`Launcher` made: exits as its :class:`Run` says, records its signals."""
+
+    def __init__(self, pid: int, run: Run, launcher: Launcher) -> None:
+        self.pid = pid
+        self.run = run
+        self.launcher = launcher
+        self.returncode: int | None = None
+        self.signals: list[Any] = []
+        self._exited = asyncio.Event()
+        if run.code is not None:
+            self.exit(run.code)
+
+    def exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        self.launcher.now += self.run.lifetime  # the supervisor's clock: it ran this long
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: Any) -> None:
+        self.signals.append(signum)
+        if self.run.gone:  # exited, not reaped yet: the kernel knows no such process
+            asyncio.get_running_loop().call_soon(self.exit, 0)
+            raise ProcessLookupError(self.pid)
+        if signum == signal.SIGKILL:
+            self.exit(-signal.SIGKILL)
+        elif signum == signal.SIGTERM and self.run.on_term is not None:
+            self.exit(self.run.on_term)
+
+
+class Launcher:
+    """Stands in for asyncio.create_subprocess_exec: each start takes the next :class:`Run` (or OSError) of ``plan``."""
+
+    def __init__(self, *plan: Run | OSError) -> None:
+        self.plan = list(plan)
+        self.now = 1000.0
+        self.calls: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        self.children: list[FakeChild] = []
+        self.during: Any = None  # called while a start is under way
+
+    async def __call__(self, *argv: str, **kwargs: Any) -> FakeChild:
+        self.calls.append((argv, kwargs))
+        if self.during is not None:
+            self.during()
+        step = self.plan.pop(0) if self.plan else Run()
+        if isinstance(step, OSError):
+            raise step
+        child = FakeChild(100 + len(self.children), step, self)
+        self.children.append(child)
+        return child
+
+
+@pytest.fixture
+def launcher(monkeypatch: pytest.MonkeyPatch) -> Launcher:
+    """Children are :class:`FakeChild` objects, and the supervisor's monotonic clock is the launcher's."""
+    made = Launcher()
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", made)
+    monkeypatch.setattr(supervisor_module, "time", SimpleNamespace(monotonic=lambda: made.now))
+    return made
+
+
+NOW = RestartPolicy(first_backoff=0.0, max_backoff=0.0, healthy_after=60.0, max_fast_failures=3, grace=5.0)
+
+
+def _fake_specs(count: int, env: dict[str, str] | None = None) -> list[ChildSpec]:
+    return [ChildSpec(i, ("worker", str(i)), env) for i in range(count)]
+
+
+def test_exit_text_of_a_status_that_names_no_signal_is_the_number() -> None:
+    """A negative status that is no signal's number is reported as it is."""
+    assert exit_text(-100) == "-100"
+
+
+def test_settings_argv_spells_switches_and_settings_turned_off() -> None:
+    """A switch on is its flag, off is --no-<flag>; an optional number off is "none", an optional text "" ."""
+    on = settings_argv(_settings(check_crcs=True, metrics_port=None, instance_id=None))
+    assert "--check-crcs" in on
+    assert "--no-check-crcs" not in on
+    assert "--metrics-port=none" in on
+    assert "--instance-id=" in on
+    assert "--no-check-crcs" in settings_argv(_settings(check_crcs=False))
+
+
+def test_children_log_at_info_unless_told() -> None:
+    """Without a log level, each child runs `pipeline --log-level INFO worker`."""
+    assert child_specs(_settings(), 2)[0].argv[3:6] == ("--log-level", "INFO", "worker")
+
+
+def test_a_supervisor_runs_up_to_256_processes() -> None:
+    """256 children are allowed, 257 are not."""
+    assert len(child_specs(_settings(), 256)) == 256
+    with pytest.raises(ConfigError, match="2 to 256 processes, got 257"):
+        child_specs(_settings(), 257)
+
+
+def test_the_children_metrics_ports_may_end_at_65535() -> None:
+    """Ports 65534..65535 are fine; 65535..65536 are not."""
+    assert [s.index for s in child_specs(_settings(metrics_port=65534), 2)] == [0, 1]
+    with pytest.raises(ConfigError, match=r"metrics ports 65535\.\.65536 go past 65535"):
+        child_specs(_settings(metrics_port=65535), 2)
+
+
+def test_a_supervisor_without_children_is_a_configuration_error() -> None:
+    """No spec: ConfigError, named."""
+    with pytest.raises(ConfigError, match=r"^a supervisor needs at least one child$"):
+        Supervisor([])
+
+
+async def test_each_child_starts_with_its_specs_command_and_environment(launcher: Launcher) -> None:
+    """The child's argv and environment are the spec's (None: the supervisor's own); its keeper task is named after it."""
+    specs = [ChildSpec(0, ("worker", "0"), {"A": "1"}), ChildSpec(1, ("worker", "1"))]
+    supervisor = Supervisor(specs, NOW)
+    await supervisor.start()
+    assert launcher.calls == [(("worker", "0"), {"env": {"A": "1"}}), (("worker", "1"), {"env": None})]
+    names = {task.get_name() for task in asyncio.all_tasks()}
+    assert {"child-0", "child-1"} <= names
+    supervisor.stop()
+    await supervisor.run()
+    assert [c.signals for c in launcher.children] == [[signal.SIGTERM], [signal.SIGTERM]]
+
+
+async def test_a_child_that_cannot_start_stops_the_others_and_says_which(launcher: Launcher) -> None:
+    """An OSError starting child 1: child 0 gets SIGTERM, and start() raises naming child 1 and the error."""
+    launcher.plan = [Run(), OSError("no such file: worker")]
+    supervisor = Supervisor(_fake_specs(2), NOW)
+    with pytest.raises(SupervisorError, match=r"^cannot start worker process 1: no such file: worker$"):
+        await supervisor.start()
+    assert launcher.children[0].signals == [signal.SIGTERM]
+
+
+async def test_a_restart_that_cannot_start_ends_run_with_the_reason(launcher: Launcher) -> None:
+    """A child exits and its restart fails: run() raises with the start's error, after stopping the others."""
+    launcher.plan = [Run(code=3), Run(), OSError("fork failed")]
+    supervisor = Supervisor(_fake_specs(2), NOW)
+    await supervisor.start()
+    with pytest.raises(SupervisorError, match=r"^cannot start worker process 0: fork failed$"):
+        await asyncio.wait_for(supervisor.run(), 5)
+    assert launcher.children[1].signals == [signal.SIGTERM]
+
+
+async def test_a_child_started_while_the_supervisor_stops_is_sent_sigterm(launcher: Launcher) -> None:
+    """stop() arriving while a child is being started: the new child is asked to stop at once."""
+    supervisor = Supervisor(_fake_specs(1), NOW)
+    launcher.during = supervisor.stop
+    await supervisor.start()
+    await asyncio.wait_for(supervisor.run(), 5)
+    assert launcher.children[0].signals == [signal.SIGTERM]
+
+
+async def test_a_crash_loop_names_the_child_its_last_pid_and_status(launcher: Launcher) -> None:
+    """Three fast failures of child 0: run() raises with one line naming it, its last pid and status."""
+    launcher.plan = [Run(code=3, lifetime=1.0), Run(), Run(code=3, lifetime=1.0), Run(code=3, lifetime=1.0)]
+    supervisor = Supervisor(_fake_specs(2), NOW)
+    await supervisor.start()
+    with pytest.raises(SupervisorError) as raised:
+        await asyncio.wait_for(supervisor.run(), 5)
+    assert str(raised.value) == (
+        "worker process 0 exited 3 times in a row within 60 s of starting (last: pid 103, status 3); "
+        "stopped every process: see its log above"
+    )
+    assert supervisor.restarts == {0: 2, 1: 0}
+
+
+async def test_a_child_that_ran_exactly_healthy_after_is_no_fast_failure(launcher: Launcher) -> None:
+    """With max_fast_failures 1, exits after exactly healthy_after seconds are restarted; one sooner gives up."""
+    policy = dataclasses.replace(NOW, max_fast_failures=1)
+    launcher.plan = [Run(code=1, lifetime=60.0), Run(code=1, lifetime=60.0), Run(code=1, lifetime=59.5)]
+    supervisor = Supervisor(_fake_specs(1), policy)
+    await supervisor.start()
+    with pytest.raises(SupervisorError, match="exited 1 times in a row within 60 s of starting"):
+        await asyncio.wait_for(supervisor.run(), 5)
+    assert supervisor.restarts == {0: 2}
+
+
+async def test_every_child_that_did_not_stop_cleanly_is_named(launcher: Launcher) -> None:
+    """Two children exiting non-zero on SIGTERM: run() names both, in one line."""
+    launcher.plan = [Run(on_term=1), Run(on_term=2)]
+    supervisor = Supervisor(_fake_specs(2), NOW)
+    await supervisor.start()
+    supervisor.stop()
+    with pytest.raises(SupervisorError) as raised:
+        await supervisor.run()
+    assert str(raised.value) == (
+        "worker processes did not stop cleanly: child 0 (pid 100) exited with 1; child 1 (pid 101) exited with 2"
+    )
+
+
+async def test_a_child_already_gone_when_signalled_is_no_error(launcher: Launcher) -> None:
+    """SIGTERM to a child that exited but was not reaped yet (ProcessLookupError): the stop goes on, cleanly."""
+    launcher.plan = [Run(gone=True), Run()]
+    supervisor = Supervisor(_fake_specs(2), NOW)
+    await supervisor.start()
+    supervisor.stop()
+    await asyncio.wait_for(supervisor.run(), 5)
+    assert [c.returncode for c in launcher.children] == [0, 0]
+
+
+async def test_the_kill_after_the_grace_period_names_only_the_children_still_running(
+    launcher: Launcher, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Grace over: the warning lists the children still running (not those that exited), and only they get SIGKILL."""
+    launcher.plan = [Run(), Run(on_term=None), Run()]
+    supervisor = Supervisor(_fake_specs(3), dataclasses.replace(NOW, grace=0.0))
+    await supervisor.start()
+    supervisor.stop()
+    with (
+        caplog.at_level(logging.WARNING, logger="pipeline.worker.supervisor"),
+        pytest.raises(SupervisorError, match=r"child 1 \(pid 101\) exited with SIGKILL$"),
+    ):
+        await supervisor.run()
+    assert "worker processes 1 (pid 101) did not stop within 0 s; killing them" in caplog.text
+    assert [c.signals for c in launcher.children] == [
+        [signal.SIGTERM],
+        [signal.SIGTERM, signal.SIGKILL],
+        [signal.SIGTERM],
+    ]
