@@ -235,3 +235,55 @@ def test_a_forged_signature_is_refused_before_the_key_is_compared(classifier: Cl
     )
     assert isinstance(result, Invalid)
     assert result.reason == "bad-signature"
+
+
+def test_a_keyless_record_of_a_header_keyed_provider_takes_the_delivery_header_as_key() -> None:
+    """With no record key, a GitHub source not verified here is keyed by its X-GitHub-Delivery header."""
+    topo = topology.parse({"sources": {"hub": {"provider": "github", "verify": "none"}}})
+    classifier = Classifier(topo, owner_partition, input_partitions=PARTS, environ={})
+    headers = [("source", b"hub"), ("http-x-github-delivery", b"d-7")]
+    result = classifier.classify(_delivery(None, b"{}", headers, owner_partition(b"hub:d-7", PARTS)))
+    assert isinstance(result, Accepted)
+    assert result.key == "hub:d-7"
+
+
+def test_a_record_without_any_key_says_where_none_was_found(classifier: Classifier) -> None:
+    """A scope without an id is missing-key, and the error names the three places a key is looked for."""
+    result = classifier.classify(_delivery(b"stripe:", BODY, STRIPE))
+    assert result == Invalid(
+        "missing-key",
+        "the record has no key, no idempotency-key header and no provider event id",
+        "stripe:",
+        "stripe",
+    )
+
+
+def test_a_worker_verified_request_without_an_event_id_is_missing_key(classifier: Classifier) -> None:
+    """A validly signed body whose event id is blank is missing-key, with the verified request named."""
+    blank = orjson.dumps({"id": "  ", "type": "invoice.paid"})
+    result = classifier.classify(_delivery(None, blank, _paid(blank), 0))
+    assert isinstance(result, Invalid)
+    assert (result.reason, result.error) == ("missing-key", "the verified request's event id is empty")
+
+
+def test_a_claimed_key_not_utf8_is_decoded_with_replacement_and_compared(classifier: Classifier) -> None:
+    """A record key of invalid UTF-8 on a worker-verified source is a key-mismatch that quotes it decoded."""
+    owner = owner_partition(b"paid:evt_A", PARTS)
+    result = classifier.classify(_delivery(b"paid:evt_\xff", BODY_A, _paid(BODY_A), owner))
+    assert isinstance(result, Invalid)
+    assert result.error == "the record key 'paid:evt_\ufffd' is not the verified request's key 'paid:evt_A'"
+
+
+@pytest.mark.parametrize(
+    ("length", "shown"),
+    [(120, "'paid:" + "x" * 115 + "'"), (121, "'paid:" + "x" * 115 + "'…")],
+)
+def test_a_mismatched_key_is_quoted_in_full_up_to_120_characters_then_cut(
+    classifier: Classifier, length: int, shown: str
+) -> None:
+    """The key-mismatch error quotes a claimed key of 120 characters whole; a longer one cut at 120 with '…'."""
+    claimed = ("paid:" + "x" * (length - 5)).encode()
+    owner = owner_partition(b"paid:evt_A", PARTS)
+    result = classifier.classify(_delivery(claimed, BODY_A, _paid(BODY_A), owner))
+    assert isinstance(result, Invalid)
+    assert result.error == f"the record key {shown} is not the verified request's key 'paid:evt_A'"

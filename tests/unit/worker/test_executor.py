@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
 from pipeline.errors import GroupGenerationFencedError
 
@@ -169,3 +171,122 @@ async def test_a_caught_up_transaction_lingers_until_it_is_due(
         assert not h.executor.lingering(h.tasks)
     finally:
         h.close()
+
+
+def _explode_at(harness: Harness, monkeypatch: pytest.MonkeyPatch, offset: int) -> None:
+    """Make classifying the record at ``offset`` raise, as a bug would."""
+    classify = harness.context.classifier.classify
+
+    def exploding(delivery: Any) -> Any:
+        if delivery.offset == offset:
+            raise ValueError("a bug")
+        return classify(delivery)
+
+    monkeypatch.setattr(harness.context.classifier, "classify", exploding)
+
+
+@pytest.mark.parametrize(
+    ("abort_error", "replace_producer", "rejoin"),
+    [(None, False, False), (ProducerFenced(), True, True), (KafkaConnectionError(), True, False)],
+)
+async def test_an_abort_after_a_record_raised_asks_for_what_the_abort_found(
+    harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    abort_error: Exception | None,
+    replace_producer: bool,
+    rejoin: bool,
+) -> None:
+    """The abort after a record raised: clean, nothing more; fenced, a new producer and a rejoin; the producer
+    unusable, a new producer only. The partition goes back to its first record each time."""
+    await harness.open(0)
+    _explode_at(harness, monkeypatch, 1)
+    if abort_error is not None:
+        harness.producer.fail["abort"].append(abort_error)
+    harness.feed(records(0, 0, A[:3]))
+    outcome = await harness.executor.process(harness.tasks)
+    assert (outcome.replace_producer, outcome.rejoin, outcome.rewind) == (
+        replace_producer,
+        rejoin,
+        {tp(0): 0},
+    )
+
+
+async def test_a_producer_that_cannot_go_on_before_the_commit_is_replaced_without_a_rejoin(
+    harness: Harness,
+) -> None:
+    """The producer refuses the offsets as a dead producer does: aborted, the partition back, a new producer, no rejoin."""
+    await harness.open(0)
+    harness.feed(records(0, 5, A[:2]))
+    await harness.work()
+    harness.producer.fail["offsets"].append(AssertionError("no transaction"))
+    outcome = await harness.executor.commit(harness.tasks)
+    assert (outcome.replace_producer, outcome.rejoin, outcome.rewind, outcome.fatal) == (
+        True,
+        False,
+        {tp(0): 5},
+        None,
+    )
+
+
+async def test_a_commit_that_may_have_taken_reopens_its_partitions_saying_why(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker commits and its answer is a fence: each partition in it is reopened (BROKEN), and its log line
+    names the error; nothing is rewound."""
+    await harness.open(0)
+    harness.feed(records(0, 5, A[:2]))
+    await harness.work()
+    harness.producer.fail_after["commit"].append(ProducerFenced())
+    caplog.set_level(logging.WARNING)
+    outcome = await harness.executor.commit(harness.tasks)
+    assert (outcome.replace_producer, outcome.rejoin, outcome.rewind) == (True, True, {})
+    assert harness.task(0).state.value == "broken"
+    (said,) = [
+        m
+        for m in caplog.messages
+        if m.endswith(f"; reopening {TOPICS.input}-0 from the group's committed offsets")
+    ]
+    error = said.removesuffix(f"; reopening {TOPICS.input}-0 from the group's committed offsets")
+    assert f"{TOPICS.input}-0: {error}; reopening it" in caplog.messages
+
+
+async def test_a_refusal_of_two_partitions_names_both_and_makes_each_a_suspect(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transaction of two partitions refused for a record: both named with where they redo from, both suspects."""
+    await harness.open(0)
+    await harness.open(1)
+    harness.feed([*records(0, 10, A[:2]), *records(1, 20, B[:2])])
+    await harness.work()
+    harness.producer.fail["commit"].append(MessageSizeTooLargeError())
+    caplog.set_level(logging.WARNING, logger="pipeline.worker.executor")
+    outcome = await harness.executor.commit(harness.tasks)
+    assert outcome.rewind == {tp(0): 10, tp(1): 20}
+    assert harness.executor.suspects == [tp(0), tp(1)]
+    names = f"{TOPICS.input}-0, {TOPICS.input}-1"
+    (refused,) = [m for m in caplog.messages if m.startswith("transaction of ")]
+    assert refused.startswith(f"transaction of {names} refused: ")
+    assert refused.endswith(f"; redoing from {TOPICS.input}-0@10, {TOPICS.input}-1@20")
+    assert f"transactions hold one partition each until {names} commit alone" in caplog.messages
+
+
+async def test_a_refused_transaction_counts_nothing_of_what_it_held(harness: Harness) -> None:
+    """The outcomes of records in a transaction refused for a record are dropped at once, never counted."""
+    await harness.open(0)
+    harness.feed(records(0, 0, A[:2]))
+    await harness.work()
+    harness.producer.fail["commit"].append(MessageSizeTooLargeError())
+    await harness.executor.commit(harness.tasks)
+    harness.task(0).tally.flush()
+    events = harness.metrics.registry.get_sample_value
+    assert events("pipeline_events_total", {"source": "stripe", "outcome": "first"}) is None
+
+
+async def test_a_refused_partition_no_longer_in_the_table_is_only_rewound(harness: Harness) -> None:
+    """A partition closed since its records went in: the refusal asks nothing of its task, and no stop."""
+    await harness.open(0)
+    harness.feed(records(0, 0, A[:2]))
+    await harness.work()
+    harness.producer.fail["commit"].append(MessageSizeTooLargeError())
+    outcome = await harness.executor.commit({})
+    assert (outcome.rewind, outcome.fatal) == ({tp(0): 0}, None)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from pipeline.worker import fetch as fetch_module
 from pipeline.worker.fetch import LoopFetch
 from tests.unit.worker.fakes import tp
 
@@ -151,3 +155,91 @@ async def test_a_partition_moved_during_a_gather_loses_what_the_gather_took_of_i
     fetch.forget(tp(0))
     consumer.buffer.append("fresh")
     assert await asyncio.wait_for(waiting, 1) == {tp(0): ["fresh"]}
+
+
+class _VirtualTime:
+    """The gather's clock and waits on a virtual clock: a wait that times out moves it by its timeout."""
+
+    def __init__(self, fetch: LoopFetch) -> None:
+        self.now = 100.0
+        self.fetch = fetch
+        self.waits: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def get_running_loop(self) -> _VirtualTime:
+        return self
+
+    async def wait_for(self, waiting: Any, timeout: float) -> None:
+        self.waits.append(timeout)
+        if self.fetch._woken.is_set():
+            await waiting
+            return
+        waiting.close()
+        self.now += timeout
+        raise TimeoutError
+
+
+class _Scripted:
+    """getmany answers from a script (then nothing), noting each call's arguments."""
+
+    def __init__(self, answers: list[dict[Any, list[Any]]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[int, int]] = []
+
+    async def getmany(self, *, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        self.calls.append((timeout_ms, max_records))
+        assert len(self.calls) < 20, "the gather never ended"
+        return self.answers.pop(0) if self.answers else {}
+
+
+def _virtual(monkeypatch: pytest.MonkeyPatch, fetch: LoopFetch) -> _VirtualTime:
+    clock = _VirtualTime(fetch)
+    monkeypatch.setattr(
+        fetch_module,
+        "asyncio",
+        SimpleNamespace(get_running_loop=clock.get_running_loop, wait_for=clock.wait_for),
+    )
+    return clock
+
+
+async def test_a_gather_waits_in_steps_until_its_linger_ends_taking_what_came_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 7 ms linger: waits of 5 ms then the 2 ms left, a getmany that never waits after each, then the gather ends
+    with what came, in order; each getmany asks only for what max_records still allows."""
+    fetch = LoopFetch(max_records=10)
+    clock = _virtual(monkeypatch, fetch)
+    consumer = _Scripted([{tp(0): ["a", "b", "c"]}, {tp(0): ["d"]}])
+    got = await fetch._gather(consumer, 7)
+    assert got == {tp(0): ["a", "b", "c", "d"]}
+    assert clock.waits == [0.005, pytest.approx(0.002, rel=1e-9)]
+    assert consumer.calls == [(0, 10), (0, 7)]
+
+
+async def test_a_gather_ends_once_max_records_came_over_every_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Records of two partitions in one answer reaching max_records: the gather ends there, after one wait."""
+    fetch = LoopFetch(max_records=4)
+    clock = _virtual(monkeypatch, fetch)
+    consumer = _Scripted([{tp(0): ["a", "b"], tp(1): ["c", "d"]}])
+    got = await fetch._gather(consumer, 50)
+    assert got == {tp(0): ["a", "b"], tp(1): ["c", "d"]}
+    assert (len(clock.waits), consumer.calls) == (1, [(0, 4)])
+
+
+async def test_forgetting_a_partition_a_returned_fetch_holds_nothing_of_keeps_the_rest() -> None:
+    """forget() of a partition absent from a fetch that returned is harmless; its other records are handed out."""
+    fetch = LoopFetch(max_records=10)
+    consumer = _SlowConsumer()
+    waiting = asyncio.ensure_future(fetch.next(consumer, 5_000))
+    await asyncio.sleep(0)
+    fetch.wake()
+    assert await waiting == {}  # the fetch stays pending
+    consumer.ready.set()
+    for _ in range(5):  # it returns, unread
+        await asyncio.sleep(0)
+    fetch.forget(tp(5))
+    assert await fetch.next(consumer, 0) == {tp(0): ["r1", "r2"]}

@@ -144,3 +144,16 @@ def test_a_standby_never_serves_and_closed_is_final() -> None:
     assert life.state is StandbyState.OPENING
     assert SERVING.isdisjoint(StandbyState)
     assert STANDBY_TRANSITIONS[StandbyState.CLOSED] == frozenset()
+
+
+def test_an_illegal_move_names_the_task_or_standby_it_was_asked_of() -> None:
+    """The error of an illegal transition starts with the name the lifecycle was made with, for both kinds."""
+    task = Lifecycle.partition("raw-0")
+    with pytest.raises(IllegalTransitionError, match=r"^raw-0: no transition from opening to ready$"):
+        task.move(S.READY)
+    standby = Lifecycle.standby("standby raw-1")
+    standby.move(StandbyState.CLOSED)
+    with pytest.raises(
+        IllegalTransitionError, match=r"^standby raw-1: no transition from closed to following$"
+    ):
+        standby.move(StandbyState.FOLLOWING)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiokafka.errors import KafkaConnectionError
 
+from pipeline.worker import metadata_refresh as refresh_module
 from pipeline.worker.metadata_refresh import MetadataRefresh
 
 TOPIC = "raw"
@@ -133,3 +137,50 @@ async def test_a_close_ends_though_the_refresh_lost_its_cancellation() -> None:
     done, _ = await asyncio.wait({closing}, timeout=5)
     assert done, "the close still waits for a refresh that goes on"
     assert consumer.updates == 1
+
+
+async def test_the_backoff_doubles_from_the_first_up_to_the_largest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between updates that lack the topic the refresh waits first_backoff, then twice as long each time, at most
+    max_backoff; the refresh runs as the task "metadata refresh"."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(
+        refresh_module, "asyncio", SimpleNamespace(sleep=sleep, create_task=asyncio.create_task)
+    )
+    consumer: Any = FakeConsumer(known_after=6)
+    refresh = MetadataRefresh(first_backoff=0.1, max_backoff=0.5)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name() == "metadata refresh"] == [
+        "metadata refresh"
+    ]
+    for _ in range(50):
+        if not refresh.pending:
+            break
+        await real_sleep(0)
+    assert waits == [0.1, 0.2, 0.4, 0.5, 0.5]
+    assert consumer.rejoins == [6]
+    await refresh.close()
+
+
+async def test_only_topics_not_yet_waited_for_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """A topic reported again while it is waited for is not warned about twice; a new one is, alone."""
+    caplog.set_level(logging.WARNING, logger="pipeline.worker.metadata_refresh")
+    consumer: Any = FakeConsumer(known_after=10**9)
+    refresh = MetadataRefresh(first_backoff=10.0)
+    refresh.attach(consumer)
+    refresh.missing(frozenset({TOPIC}))
+    refresh.missing(frozenset({TOPIC}))
+    refresh.missing(frozenset({TOPIC, "effects"}))
+    said = [m.split(" in its metadata")[0] for m in caplog.messages]
+    assert said == [
+        f"this worker led a rebalance without the partitions of {TOPIC}",
+        "this worker led a rebalance without the partitions of effects",
+    ]
+    assert refresh.pending == {TOPIC, "effects"}
+    await refresh.close()

@@ -44,3 +44,19 @@ def test_effect_stage_outcomes_are_counted_apart_from_input_records() -> None:
         "pipeline_effect_outcomes_total", {"source": "stripe", "outcome": "duplicate"}
     )
     assert effect == 2
+
+
+def test_each_call_without_a_count_counts_one_and_repeats_add_up() -> None:
+    """dlq and skewed count one per call by default, in a Tally and in the worker's counters; repeats add up."""
+    metrics = WorkerMetrics.create()
+    tally = Tally(metrics)
+    tally.dlq("bad-body")
+    tally.dlq("bad-body")
+    tally.skewed()
+    tally.skewed()
+    tally.flush()
+    metrics.dlq("bad-body")
+    metrics.skewed()
+    sample = metrics.registry.get_sample_value
+    assert sample("pipeline_dlq_records_total", {"reason": "bad-body"}) == 3
+    assert sample("pipeline_clock_skewed_records_total") == 3

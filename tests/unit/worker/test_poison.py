@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka.errors import InvalidTimestampError, RecordTooLargeError
 
 from pipeline.worker.poison import RESTAMP, UNPRODUCIBLE, PoisonTracker
-from pipeline.worker.stage import Poison
+from pipeline.worker.stage import HandlerFailedError, Poison
 
 
 def _limit(tracker: PoisonTracker) -> int | None:
@@ -164,3 +164,9 @@ def test_the_error_a_poison_record_carries_is_cut_at_1000_characters() -> None:
     assert [len(unproducible.poison[10].error), len(restamped.poison[10].error), len(line or "")] == [
         1000
     ] * 3
+
+
+def test_a_handler_failure_says_which_offset_failed_and_how() -> None:
+    """HandlerFailedError keeps the offset and the error, and its message names both."""
+    exc = HandlerFailedError(7, "ValueError('a bug')")
+    assert (exc.offset, exc.error, str(exc)) == (7, "ValueError('a bug')", "offset 7: ValueError('a bug')")
