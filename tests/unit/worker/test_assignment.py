@@ -214,3 +214,135 @@ def test_an_old_store_on_disk_within_caught_up_does_not_outrank_a_standby() -> N
     plans = plan(tps, claims, replicas=1)
     assert set(plans["a"].active) == {tps[0], tps[3], tps[1]}
     assert set(plans["c"].active) == {tps[2], tps[5], tps[4]}
+
+
+def _members(count: int) -> list[str]:
+    return [f"m{i}" for i in range(count)]
+
+
+def _shape(plans: dict[str, Plan]) -> dict[str, tuple[list[int], list[int]]]:
+    """Each member's (active, standby) partition numbers."""
+    return {
+        n: ([tp.partition for tp in p.active], [tp.partition for tp in p.standby]) for n, p in plans.items()
+    }
+
+
+def test_a_fresh_group_is_dealt_round_robin() -> None:
+    """Members holding nothing and serving nothing: partition p goes to the (p mod M)-th member, as roundrobin deals."""
+    for partitions in range(1, 10):
+        for count in range(1, 6):
+            names = _members(count)
+            plans = plan(_tps(partitions), {n: Claim(SUB) for n in names}, replicas=0)
+            assert {n: p.active for n, p in plans.items()} == {
+                n: [tp for tp in _tps(partitions) if tp.partition % count == i] for i, n in enumerate(names)
+            }, (partitions, count)
+
+
+def test_sticky_owners_keep_all_that_balance_allows() -> None:
+    """Over 300 random groups with copies all current (within CAUGHT_UP): each member keeps its previous
+    partitions up to its share, and no more partitions move than balance needs."""
+    rng = random.Random(7)
+    for _ in range(300):
+        tps = _tps(rng.randint(1, 12))
+        names = _members(rng.randint(1, 5))
+        before = {tp: rng.choice([*names, "gone"]) for tp in tps}  # "gone" left the group
+        top = 1_000_000
+        current = [top, top - 1, top - CAUGHT_UP]
+        members = {
+            n: Claim(
+                SUB,  # a previous owner holds a current copy; any other member one or none
+                {tp: rng.choice(current) for tp in tps if before[tp] == n or rng.random() < 0.5},
+                active=frozenset(tp for tp in tps if before[tp] == n),
+            )
+            for n in names
+        }
+        plans = plan(tps, members, replicas=rng.randint(0, 2))
+        base, extra = divmod(len(tps), len(names))
+        prev = {n: len(members[n].active) for n in names}
+        kept = {n: len(set(plans[n].active) & members[n].active) for n in names}
+        for n in names:
+            assert kept[n] >= min(prev[n], base), (n, members, plans)
+        most = sum(min(c, base) for c in prev.values()) + min(extra, sum(c > base for c in prev.values()))
+        assert sum(kept.values()) == most, (members, plans)
+
+
+def test_each_partition_goes_to_its_most_current_copy_when_that_is_balanced() -> None:
+    """Over 300 random groups where one member per partition is ahead of all others by more than CAUGHT_UP and
+    those members make a balanced plan: that is the plan, whoever served what before and whatever else is on disk."""
+    rng = random.Random(11)
+    top = 1_000_000
+    for _ in range(300):
+        tps = _tps(rng.randint(1, 12))
+        names = _members(rng.randint(1, 5))
+        dealt = rng.sample(names, len(names))
+        shuffled = rng.sample(tps, len(tps))
+        target = {tp: dealt[i % len(dealt)] for i, tp in enumerate(shuffled)}
+        stale = [None, -1, 0, top // 2, top - CAUGHT_UP - 1]
+        members = {}
+        for n in names:
+            positions = {tp: top for tp in tps if target[tp] == n}
+            for tp in tps:
+                behind = rng.choice(stale)
+                if target[tp] != n and behind is not None:
+                    positions[tp] = behind
+            served = frozenset(tp for tp in tps if rng.random() < 0.3)
+            members[n] = Claim(SUB, positions, active=served)
+        plans = plan(tps, members, replicas=rng.randint(0, 2))
+        assert {tp: n for n, p in plans.items() for tp in p.active} == target, (members, plans)
+
+
+def test_a_copy_exactly_caught_up_behind_still_counts_as_current() -> None:
+    """The sticky owner's copy CAUGHT_UP records behind the best keeps its partition; one record more and it moves."""
+    tp = TopicPartition(TOPIC, 0)
+    for behind, owner in ((CAUGHT_UP, "a"), (CAUGHT_UP + 1, "b")):
+        members = {
+            "a": Claim(SUB, {tp: 50_000 - behind}, active=frozenset({tp})),
+            "b": Claim(SUB, {tp: 50_000}),
+        }
+        assert plan([tp], members, replicas=0)[owner].active == [tp]
+
+
+def test_partitions_beyond_the_share_of_their_only_subscribers_go_to_the_least_loaded_of_them() -> None:
+    """A member subscribing only to a topic without partitions takes none: the two others, each at its share of
+    two, take one more each of the six, not both extra partitions on the first."""
+    members = {"a": Claim(SUB), "b": Claim(SUB), "idle": Claim(frozenset({"effects"}))}
+    assert _shape(plan(_tps(6), members, replicas=0)) == {
+        "a": ([0, 2, 3], []),
+        "b": ([1, 4, 5], []),
+        "idle": ([], []),
+    }
+
+
+def test_a_fresh_groups_standbys_are_spread_by_owner_then_work_then_round_robin() -> None:
+    """Each partition's standbys go to members keeping the fewest of its owner's, then doing the least work, never
+    beyond their even share while another has room: the plans of fresh groups, partition by partition."""
+    expected = {
+        (2, 3, 1): {"m0": ([0], [1]), "m1": ([1], []), "m2": ([], [0])},
+        (3, 3, 1): {"m0": ([0], [2]), "m1": ([1], [0]), "m2": ([2], [1])},
+        (4, 3, 1): {"m0": ([0, 3], [2]), "m1": ([1], [0]), "m2": ([2], [1, 3])},
+        (5, 3, 1): {"m0": ([0, 3], [2, 4]), "m1": ([1, 4], [3]), "m2": ([2], [0, 1])},
+        (3, 4, 2): {"m0": ([0], [2]), "m1": ([1], [0, 2]), "m2": ([2], [1]), "m3": ([], [0, 1])},
+        (5, 4, 2): {
+            "m0": ([0, 4], [2, 3]),
+            "m1": ([1], [0, 3, 4]),
+            "m2": ([2], [0, 1]),
+            "m3": ([3], [1, 2, 4]),
+        },
+        (9, 4, 2): {
+            "m0": ([0, 4, 8], [2, 3, 5, 7]),
+            "m1": ([1, 5], [0, 3, 4, 6]),
+            "m2": ([2, 6], [0, 1, 5, 7, 8]),
+            "m3": ([3, 7], [1, 2, 4, 6, 8]),
+        },
+    }
+    for (partitions, count, replicas), shape in expected.items():
+        plans = plan(_tps(partitions), {n: Claim(SUB) for n in _members(count)}, replicas=replicas)
+        assert _shape(plans) == shape, (partitions, count, replicas)
+
+
+def test_the_partitions_nobody_holds_are_still_dealt_round_robin_after_a_current_copy_took_its_own() -> None:
+    """m1 holds the best copy of partition 0 (m0 one far behind): m1 serves it, and partitions 1 and 2, which
+    nobody holds, are dealt as roundrobin deals them (1 to m1, 2 to m0), not both to the least loaded."""
+    tp0 = TopicPartition(TOPIC, 0)
+    members = {"m0": Claim(SUB, {tp0: 0}), "m1": Claim(SUB, {tp0: 3 * CAUGHT_UP})}
+    assert _shape(plan(_tps(3), members, replicas=1)) == {"m0": ([2], [0, 1]), "m1": ([0, 1], [2])}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
+from pipeline.worker.assignment import Claim
 from pipeline.worker.assignor import Held, StandbyAssignor, decode_claim, decode_standbys, encode_standbys
 
 TOPIC = "raw"
@@ -135,3 +139,47 @@ def test_a_leader_with_every_topics_partitions_reports_nothing() -> None:
     given = leader.assign(Cluster({TOPIC: 4}), {"a": _metadata(leader), "b": _metadata(_assignor())})
     assert sorted(p for a in given.values() for _t, ps in a.assignment for p in ps) == [0, 1, 2, 3]
     assert reported == []
+
+
+def test_a_member_without_standbys_gets_an_assignment_without_user_data() -> None:
+    """Only a member given standbys finds this assignor's data in its assignment; the others get empty user data."""
+    leader = _assignor(replicas=0)
+    given = leader.assign(Cluster({TOPIC: 2}), {"a": _metadata(leader), "b": _metadata(_assignor())})
+    assert [a.user_data for a in given.values()] == [b"", b""]
+    with_standbys = _assignor(replicas=1).assign(Cluster({TOPIC: 2}), {"a": _metadata(leader)})
+    assert with_standbys["a"].user_data == b""  # alone: nobody to keep a standby of its partitions
+
+
+def test_metadata_without_this_assignors_data_claims_only_the_subscription() -> None:
+    """An older worker's metadata, or data that cannot be read, is a claim of the subscription alone, no standbys."""
+    broken = b"webhook-pipeline/standby\x00" + b'{"v":1,"a":[["raw",null]]}'
+    for data in (b"", broken):
+        assert decode_claim([TOPIC], data) == Claim(frozenset({TOPIC}), standby_capable=False)
+
+
+def test_a_claim_may_leave_out_its_positions_or_the_partitions_it_served() -> None:
+    """This assignor's data without ``p`` claims no store, without ``a`` no partition served: still a standby member."""
+    magic = b"webhook-pipeline/standby\x00"
+    tp = TopicPartition(TOPIC, 1)
+    assert decode_claim([TOPIC], magic + b'{"v":1}') == Claim(frozenset({TOPIC}))
+    assert decode_claim([TOPIC], magic + b'{"v":1,"a":[["raw",1]]}') == Claim(
+        frozenset({TOPIC}), active=frozenset({tp})
+    )
+    assert decode_claim([TOPIC], magic + b'{"v":1,"p":[["raw",1,7]]}') == Claim(frozenset({TOPIC}), {tp: 7})
+    assert decode_standbys(magic + b'{"v":1}') == []
+
+
+def test_the_leader_logs_every_members_share(caplog: pytest.LogCaptureFixture) -> None:
+    """The leader's log line names each member's partitions and standbys, "-" for none."""
+    leader = _assignor()
+    with caplog.at_level(logging.INFO, logger="pipeline.worker.assignor"):
+        leader.assign(Cluster({TOPIC: 3}), {"a": _metadata(leader), "b": _metadata(_assignor())})
+    assert caplog.messages == [
+        "assignment (this worker leads the group): a: raw-0,raw-2 (standby raw-1); b: raw-1 (standby raw-0,raw-2)"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline.worker.assignor"):
+        _assignor(replicas=0).assign(Cluster({TOPIC: 1}), {"a": _metadata(leader), "b": _metadata(leader)})
+    assert caplog.messages == [
+        "assignment (this worker leads the group): a: raw-0 (standby -); b: - (standby -)"
+    ]

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from pipeline.errors import StoreStaleError
 from pipeline.state import directory
 from pipeline.state.store import PartitionStore
 from pipeline.worker import standby as standby_module
+from pipeline.worker import standbys as standbys_module
 from pipeline.worker.assignment import CAUGHT_UP, Claim, plan
 from pipeline.worker.assignor import Held, decode_claim, encode_claim
 from pipeline.worker.loop import Worker
+from pipeline.worker.standby import Standby
 from pipeline.worker.standbys import StandbyReplicas
 
 from .fakes import (
@@ -194,3 +197,159 @@ async def test_a_standby_does_not_claim_its_store_before_checking_it_against_the
         await replicas.close()
     replicas.assignor.standbys = frozenset()
     assert replicas.claim().positions.get(TP, -1) == -1  # closed unchecked: still nothing claimed
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The monotonic time of the standby modules, set by the test (``clock[0]``)."""
+    now = [90.0]
+    fake = SimpleNamespace(monotonic=lambda: now[0])
+    monkeypatch.setattr(standbys_module, "time", fake)
+    monkeypatch.setattr(standby_module, "time", fake)
+    return now
+
+
+def _behind(replicas: StandbyReplicas, tp: TopicPartition, *, position: int, end: int | None) -> Standby:
+    """A standby of ``tp`` (not running) whose last round left it at ``position`` of ``end`` (None: no round yet)."""
+    made = Standby(
+        tp,
+        changelog=TopicPartition(TOPICS.changelog, tp.partition),
+        identity=replicas.identity(tp),
+        path=_path_of(replicas, tp),
+        bucket_ms=directory.topology_bucket_ms(TOPOLOGY),
+        restorer=replicas.context.require_restorer(),
+    )
+    made.position, made.end = position, end
+    return made
+
+
+def _path_of(replicas: StandbyReplicas, tp: TopicPartition) -> Path:
+    settings = replicas.settings
+    return directory.store_path(settings.state_dir, replicas.context.topology, settings.group, tp)
+
+
+async def test_a_standby_not_yet_checked_claims_what_its_store_was_known_to_hold(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store closed at 500 becomes a standby again: until a round checks it, the worker claims the 500 it knew."""
+    replicas = _replicas(harness)
+    _store_at(replicas, TP, 500)
+    replicas.remember(TP, 500)
+    never = asyncio.Event()
+
+    async def catch_up(_store: PartitionStore, _changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        await never.wait()
+        return 0, 0
+
+    monkeypatch.setattr(replicas.context.require_restorer(), "catch_up", catch_up)
+    replicas.assignor.standbys = frozenset({TP})
+    await replicas.assigned(set())
+    try:
+        await _until(lambda: replicas.held[TP].store is not None, "the standby never opened its store")
+        assert replicas.held[TP].stored is None
+        assert replicas.claim().positions[TP] == 500
+    finally:
+        await replicas.close()
+
+
+async def test_a_standby_is_started_on_its_partitions_changelog_with_the_workers_opener_and_metric(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 1's standby opens its store through the worker's opener (identity, bucket width, to follow), replays
+    changelog partition 1, and counts what it replays in the worker's metric."""
+    replicas = _replicas(harness)
+    tp = TopicPartition(INPUT, 1)
+    opened: list[dict[str, Any]] = []
+
+    def opener(path: Path, **kwargs: Any) -> PartitionStore:
+        opened.append(kwargs)
+        return PartitionStore.open(path, **kwargs)
+
+    replicas.context = replace(replicas.context, open_store=opener)
+    rounds: list[TopicPartition] = []
+
+    async def catch_up(store: PartitionStore, changelog: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        rounds.append(changelog)
+        if store.changelog_offset < 1:
+            store.write_raw([(b"k", b"v", 2 * store.bucket_ms)], changelog_offset=1, stream_time=1)
+            return 2, 2
+        return 0, 2
+
+    monkeypatch.setattr(replicas.context.require_restorer(), "catch_up", catch_up)
+    replicas.assignor.standbys = frozenset({tp})
+    await replicas.assigned(set())
+    try:
+        await _until(lambda: len(rounds) >= 2, "the standby never replayed")
+        bucket_ms = directory.topology_bucket_ms(TOPOLOGY)
+        assert opened == [{"bucket_ms": bucket_ms, "identity": replicas.identity(tp), "follow": True}]
+        assert set(rounds) == {TopicPartition(TOPICS.changelog, 1)}
+        assert harness.metrics.registry.get_sample_value("pipeline_standby_records_total") == 2
+    finally:
+        await replicas.close()
+
+
+async def test_each_standby_is_described_by_name_with_its_lag_now(
+    harness: Harness, clock: list[float]
+) -> None:
+    """``describe`` names each standby ``<topic>-<partition>`` and gives its lag as of now."""
+    replicas = _replicas(harness)
+    replicas.held[TP] = _behind(replicas, TP, position=4, end=10)
+    clock[0] = 100.0
+    assert replicas.describe() == {
+        f"{INPUT}-0": {
+            "state": "opening",
+            "replaying": False,
+            "position": 4,
+            "lag_records": 5,
+            "lag_seconds": 10.0,
+        }
+    }
+
+
+async def test_the_standby_gauges_are_set_at_most_every_second_and_removed_with_their_standby(
+    harness: Harness, clock: list[float]
+) -> None:
+    """Each standby's lag in records (once a round has run) and seconds; observed again within a second, nothing
+    changes; a second later, a standby no longer held has its gauges removed, even one that never had a lag in records."""
+    replicas = _replicas(harness)
+    one = TopicPartition(INPUT, 1)
+    replicas.held[TP] = _behind(replicas, TP, position=4, end=10)
+    replicas.held[one] = _behind(replicas, one, position=-1, end=None)
+    registry = harness.metrics.registry
+
+    def gauges() -> dict[str, float | None]:
+        return {
+            f"{name} {p}": registry.get_sample_value(
+                f"pipeline_standby_lag_{name}", {"topic": INPUT, "partition": p}
+            )
+            for name in ("records", "seconds")
+            for p in ("0", "1")
+        } | {"partitions": registry.get_sample_value("pipeline_standby_partitions")}
+
+    clock[0] = 100.0
+    replicas.observe()
+    first = {"records 0": 5.0, "records 1": None, "seconds 0": 10.0, "seconds 1": 10.0, "partitions": 2.0}
+    assert gauges() == first
+    del replicas.held[one]
+    clock[0] = 100.5
+    replicas.observe()
+    assert gauges() == first
+    clock[0] = 101.0
+    replicas.observe()
+    assert gauges() == {
+        "records 0": 5.0,
+        "records 1": None,
+        "seconds 0": 11.0,
+        "seconds 1": None,
+        "partitions": 1.0,
+    }
+    del replicas.held[TP]
+    clock[0] = 102.0
+    replicas.observe()
+    assert gauges() == {
+        "records 0": None,
+        "records 1": None,
+        "seconds 0": None,
+        "seconds 1": None,
+        "partitions": 0.0,
+    }
