@@ -157,14 +157,7 @@ class EffectStage:
         first = decision.outcome is Outcome.FIRST
         if first and not self.emit.command_fits(topic, key, delivery.value):
             error = f"a command of {len(delivery.value)} bytes is larger than {topic} takes"
-            self.emit.dlq(
-                delivery,
-                reason=RecordTooLargeError.reason,
-                error=error,
-                key=effect_key,
-                source=str(source),
-                extra={"stage": "effect", **replayed_from(delivery)},
-            )
+            self._too_large(delivery, error, effect_key, source)
             return
         txn.stage(key, entry, decision.previous)
         txn.observe(timestamp)
@@ -204,9 +197,7 @@ class EffectStage:
         try:
             self.emit.reroute(delivery, key=effect_key, partition=partition)
         except RecordTooLargeError as exc:
-            self.emit.dlq(
-                delivery, reason=exc.reason, error=f"its rerouted copy: {exc}", key=effect_key, source=shown
-            )
+            self._too_large(delivery, f"its rerouted copy: {exc}", effect_key, source)
             return
         self.emit.audit(
             delivery,
@@ -224,6 +215,20 @@ class EffectStage:
             partition,
         )
         self.recorder.outcome(shown, f"effect-{Outcome.REROUTED.value}")
+
+    def _too_large(self, delivery: Delivery, error: str, effect_key: str | None, source: object) -> None:
+        """Dead-letter an effects record whose command (or rerouted copy) is too large: audited and counted as
+        every other effect-stage record is."""
+        shown = str(source) if source is not None else None
+        self.emit.dlq(
+            delivery,
+            reason=RecordTooLargeError.reason,
+            error=error,
+            key=effect_key,
+            source=shown,
+            extra={"stage": "effect", **replayed_from(delivery)},
+        )
+        self.recorder.outcome(shown, f"effect-{Outcome.INVALID.value}")
 
 
 def _wall() -> float:

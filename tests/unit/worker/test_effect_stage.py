@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -18,7 +19,7 @@ from pipeline.worker.effect_stage import EffectStage
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.event_stage import EventStage
 
-from .fakes import ROOT, FakeProducer, part_transaction, record
+from .fakes import ROOT, T0, FakeProducer, part_transaction, record
 
 TOPOLOGY = topology_module.load(ROOT / "topologies" / "stripe-fulfilment.toml")
 TOPICS = TOPOLOGY.topics
@@ -53,11 +54,8 @@ def store(tmp_path: Path) -> Iterator[PartitionStore]:
     opened.close()
 
 
-async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_not_deduped(
-    store: PartitionStore,
-) -> None:
-    """After the effects topic grew, a record waiting on the old partition is rerouted to its key's owner
-    (audited as rerouted) instead of being deduped there too, which would emit its effect twice."""
+def _effects_partition_0(store: PartitionStore) -> tuple[EffectStage, Any, FakeProducer]:
+    """The effect stage of effects partition 0 over ``store``, its transaction and its producer."""
     names = [*TOPOLOGY.command_topics(), TOPICS.effects, TOPICS.effects_changelog, TOPICS.audit, TOPICS.dlq]
     outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), dict.fromkeys(names, 1 << 22))
     producer = FakeProducer("effects-0")
@@ -69,6 +67,15 @@ async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_
         limits=outputs.limits,
     )
     stage = EffectStage(tp=TopicPartition(TOPICS.effects, 0), topology=TOPOLOGY, txn=txn, outputs=outputs)
+    return stage, txn, producer
+
+
+async def test_a_record_on_a_partition_its_effect_key_does_not_hash_to_is_moved_not_deduped(
+    store: PartitionStore,
+) -> None:
+    """After the effects topic grew, a record waiting on the old partition is rerouted to its key's owner
+    (audited as rerouted) instead of being deduped there too, which would emit its effect twice."""
+    stage, txn, producer = _effects_partition_0(store)
     ours, theirs = _key_on(0), _key_on(2)
     await stage.handle([_effect_record(5, ours, partition=0), _effect_record(6, theirs, partition=0)], {})
     await txn.txn.commit()
@@ -87,17 +94,7 @@ async def test_a_redriven_effect_record_is_audited_with_where_it_was_redriven_fr
 ) -> None:
     """An effect-stage record `pipeline dlq replay` sent back carries `replayed-from`; its audit record names it, as
     the first stage's do (the console follows a redrive's outcome by it)."""
-    names = [*TOPOLOGY.command_topics(), TOPICS.effects, TOPICS.effects_changelog, TOPICS.audit, TOPICS.dlq]
-    outputs = OutputTopics(dict.fromkeys(names, PARTITIONS), KeyPartitioner(), dict.fromkeys(names, 1 << 22))
-    producer = FakeProducer("effects-0")
-    txn = part_transaction(
-        producer,
-        TopicPartition(TOPICS.effects, 0),
-        store=store,
-        changelog=TopicPartition(TOPICS.effects_changelog, 0),
-        limits=outputs.limits,
-    )
-    stage = EffectStage(tp=TopicPartition(TOPICS.effects, 0), topology=TOPOLOGY, txn=txn, outputs=outputs)
+    stage, txn, producer = _effects_partition_0(store)
     redriven = _effect_record(5, _key_on(0), partition=0)
     redriven.headers.append((REPLAYED_FROM_HEADER, b"shop.dlq:0:7"))  # type: ignore[attr-defined]
     await stage.handle([redriven], {})
@@ -154,3 +151,22 @@ async def test_a_command_too_large_for_its_command_topic_is_dead_lettered_at_the
     assert set(store.get_many([small.encode()])) == {small.encode()}
     audit = {s.json()["offset"]: s.json()["outcome"] for s in producer.committed_to(TOPICS.audit)}
     assert audit == {5: "invalid", 6: "first"}
+
+
+async def test_an_effect_key_claimed_again_after_its_claim_expired_is_held_once_in_its_new_bucket(
+    store: PartitionStore,
+) -> None:
+    """A copy arriving once an effect key's claim has expired claims it again; the store moves the key to the
+    new claim's expiry bucket instead of keeping a stale copy in the old one (which counts as a held key)."""
+    stage, txn, producer = _effects_partition_0(store)
+    key, hour = _key_on(0), 3_600_000  # the TTL is one store bucket
+    headers = [(EFFECT_TTL_HEADER, str(hour).encode()), (COMMAND_TOPIC_HEADER, b"shop.orders")]
+    value = orjson.dumps({"command": "fulfil-order", "key": "stripe:evt_1", "source": "stripe"})
+    for offset, timestamp in [(5, T0), (6, T0 + hour)]:
+        copy = record(offset, key, value=value, headers=headers, timestamp=timestamp, topic=TOPICS.effects)
+        await stage.handle([copy], {})
+        await txn.txn.commit()
+    assert [s.json()["outcome"] for s in producer.committed_to(TOPICS.audit)] == ["first", "first"]
+    assert [s.key for s in producer.committed_to("shop.orders")] == [key.encode()] * 2
+    assert len(list(store.buckets())) == 2  # the old bucket is still live: only the key left it
+    assert store.key_count() == 1
