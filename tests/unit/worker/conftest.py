@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from .effect_world import Make, build_world
 from .fakes import Harness
 
 Opener = Callable[..., Awaitable[Harness]]
@@ -27,3 +28,9 @@ def open_partition(tmp_path: Path) -> Iterator[Opener]:
     yield make
     for harness in opened:
         harness.close()
+
+
+@pytest.fixture
+def effect_world() -> Make:
+    """Build effects partition 0's stage: ``limits`` override 4 MiB, ``partitioner`` murmur2, the rest go to the stage."""
+    return build_world
