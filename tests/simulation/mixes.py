@@ -7,7 +7,7 @@ often, so that a bug of that area is found by many seeds rather than by one in h
 - ``default``: everything, the areas below each in a share of the seeds;
 - ``poison``: poison and fixable records, refused outputs, small topic limits, redrives;
 - ``standby``: standby replicas always, promotions mid-replay, leader kills, crashes, stores
-  lost or foreign;
+  lost or foreign, rebalances while a worker opens its partitions;
 - ``time``: short TTLs (an hour, the least a topology takes) with record time running hours
   in seconds, every worker down for hours then a backlog, clock jumps on one worker, the
   changelog stamped by the broker (``LogAppendTime``), standbys;
@@ -46,13 +46,16 @@ class Mix:
     small_limits: float | None = None  # chance of 4 KiB output topics (None: the classic draw)
     standbys_at_least: int = 0
     standby_faults_at_least: int = 0
+    revoke_open: float = (
+        0.0  # chance of a rebalance while a worker opens its partitions (faults.REVOKE_MID_OPEN)
+    )
 
 
 MIXES: dict[str, Mix] = {
     mix.name: mix
     for mix in (
         Mix("classic"),
-        Mix("default", time=0.3, redrive=0.2, rescale=0.08, reconfigure=0.15),
+        Mix("default", time=0.3, redrive=0.2, rescale=0.08, reconfigure=0.15, revoke_open=0.15),
         Mix(
             "poison",
             redrive=0.5,
@@ -74,6 +77,7 @@ MIXES: dict[str, Mix] = {
             },
             standbys_at_least=1,
             standby_faults_at_least=1,
+            revoke_open=0.5,
         ),
         Mix(
             "time",

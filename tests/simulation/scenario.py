@@ -10,7 +10,7 @@ from typing import Any
 from tests.simulation import faults as fault_module
 from tests.simulation import redrive as redrive_module
 from tests.simulation import timeline
-from tests.simulation.faults import RECONFIGURE, RESCALE, Fault
+from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, Fault
 from tests.simulation.mixes import MIXES, Mix
 from tests.simulation.redrive import FIXED_SOURCE, RedrivePlan
 from tests.simulation.timeline import TimePlan
@@ -127,6 +127,13 @@ class Scenario:
                     Fault(rng.uniform(0.5, duration), RECONFIGURE, detail=rng.choice(RECONFIGURATIONS))
                 )
         self.faults = sorted(self.faults + self.changes, key=lambda f: f.at)
+        rng = _apart(seed, 6)
+        if rng.random() < mix.revoke_open:
+            at = rng.uniform(1.0, duration)
+            fault = Fault(
+                at, REVOKE_MID_OPEN, rng.randrange(self.workers), rng.uniform(3.0, 12.0), detail="crawl"
+            )
+            self.faults = sorted([*self.faults, fault], key=lambda f: f.at)
         rng = _apart(seed, 5)
         if rng.random() < mix.time:
             self.time = timeline.draw(rng, duration=load.duration, workers=self.workers)

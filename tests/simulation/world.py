@@ -38,7 +38,7 @@ from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
 from tests.simulation import oracle, redrive, timeline, wire
-from tests.simulation.faults import RECONFIGURE, RESCALE, DiskFaults, Fault, SimStore
+from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, DiskFaults, Fault, SimStore
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
@@ -595,6 +595,9 @@ class World:
         if kind == "promote-mid-replay":
             await self._promote_mid_replay(slot, fault)
             return
+        if kind == REVOKE_MID_OPEN:
+            await self._revoke_mid_open(slot, fault)
+            return
         process = slot.process
         if kind == "disk":
             self.disk.arm(slot.name, fault.detail, fault.steps)
@@ -673,6 +676,31 @@ class World:
             f"promote-mid-replay: {owner_process.name} leaves {tp.topic}-{tp.partition} to {slot.name}'s standby"
         )
         await self._leave(owner, owner_process, 2.0)
+
+    async def _revoke_mid_open(self, slot: Slot, fault: Fault) -> None:
+        """The slot's changelog reads crawl (0.5-3 s each) from now to ``fault.duration`` past the next minute; its
+        worker restarts (SIGTERM, started again half a second after it stopped; the crawl slows its start too),
+        and once one of its partitions is opening or restoring, within a minute, a worker joins: the rebalance
+        revokes partitions while they open."""
+        process = slot.process
+        if process is None or not process.alive or slot.worker is None:
+            return
+        self.network.slow_standbys[slot.name] = (self.loop.time() + 60.0 + fault.duration, (0.5, 3.0))
+        await self._leave(slot, process, 0.5)
+        deadline = self.loop.time() + 60.0
+        while self.loop.time() < deadline:
+            worker, now = slot.worker, slot.process
+            if worker is not None and now is not None and now.alive:
+                states = worker.health()[1].get("partitions", {})
+                opening = sorted(name for name, state in states.items() if state in ("opening", "restoring"))
+                if opening:
+                    self.note(f"revoke-mid-open: {now.name} opens {', '.join(opening)}; a worker joins")
+                    joined = Slot(len(self.slots), self.root / f"w{len(self.slots)}")
+                    self.slots.append(joined)
+                    self.start(joined)
+                    return
+            await asyncio.sleep(0.001)
+        self.note(f"revoke-mid-open: {slot.name} opened nothing within a minute")
 
     async def _leave(self, slot: Slot, process: Process, duration: float) -> None:
         """SIGTERM, and a start again ``duration`` later once it has stopped (a rolling restart); unless another
