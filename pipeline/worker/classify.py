@@ -20,7 +20,7 @@ of event B be filed under A's key, claiming A and suppressing the genuine A.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pipeline import providers
 from pipeline.contract import Delivery
@@ -65,6 +65,14 @@ class Accepted(NamedTuple):
 
 
 Classified = Invalid | Reroute | Accepted
+
+
+class ClassifierFactory(Protocol):
+    """What builds a worker's classifier (:class:`Classifier` itself; a test passes a faulty one)."""
+
+    def __call__(self, topology: Topology, partitioner: Partitioner, *, input_partitions: int) -> Classifier:
+        """The classifier of ``topology`` over ``input_partitions`` input partitions."""
+        ...
 
 
 class Classifier:

@@ -30,7 +30,7 @@ from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.transaction import Transaction
 from pipeline.topology import Topology
 from pipeline.worker import http as worker_http
-from pipeline.worker.classify import Classifier
+from pipeline.worker.classify import Classifier, ClassifierFactory
 from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
@@ -78,11 +78,16 @@ class Worker:
         *,
         metrics: WorkerMetrics | None = None,
         io: WorkerIO | None = None,
+        classifier: ClassifierFactory = Classifier,
     ) -> None:
+        """``io``: every way out of the process (:func:`~pipeline.worker.io.kafka_io` by default);
+        ``classifier``: what builds the record classifier, :class:`Classifier` (the simulation passes
+        one whose handling raises, to reach the handler-failure path)."""
         self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
         self.io = io or kafka_io()
+        self._classifier = classifier
         self.transactional_id = worker_transactional_id(self.settings, topology.app)
         self._dir_lock = StateDirLock(self.settings.state_dir, topology, self.settings.group)
         self._lock = asyncio.Lock()  # one cycle, or one rebalance callback, at a time
@@ -126,7 +131,7 @@ class Worker:
         context = PartitionContext(
             settings=settings,
             topology=self.topology,
-            classifier=Classifier(
+            classifier=self._classifier(
                 self.topology, partitioner, input_partitions=layout.counts[self.topology.topics.input]
             ),
             outputs=outputs,
