@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 
+from tests.simulation.mixes import MIXES
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("worker", "state", "kafka")
 UNIT_TESTS = {package: f"tests/unit/{package}" for package in PACKAGES}
@@ -280,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", help="simulation seeds, e.g. 0-299 or 3,17,40 (default: the fixed set)")
     parser.add_argument(
+        "--mix",
+        default="default",
+        choices=sorted(MIXES),
+        help="the simulation mix the seeds run under (tests/simulation/mixes.py; default: default)",
+    )
+    parser.add_argument(
         "--simulation-only", action="store_true", help="the simulation seeds alone, no unit tests"
     )
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
@@ -324,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         pyproject = work / "pyproject.toml"
         ours = pyproject.read_text().split(SECTION)[0]
         pyproject.write_text(ours + _settings(files, tests))
-        env = dict(os.environ, PYTHONHASHSEED="0", MUTATION_SEEDS=",".join(map(str, seeds)))
+        env = dict(
+            os.environ, PYTHONHASHSEED="0", MUTATION_SEEDS=",".join(map(str, seeds)), MUTATION_MIX=args.mix
+        )
         os.environ.update(env)
         names = _names_in_lines(work, only) if any(o.first or o.last < 1 << 30 for o in only) else []
         if args.rerun_survivors:
@@ -333,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             if not names:
                 print("no surviving mutant to run again")
         print(
-            f"mutating {len(files)} files in {work}; tests: {' '.join(tests)}; {len(seeds)} seeds", flush=True
+            f"mutating {len(files)} files in {work}; tests: {' '.join(tests)}; {len(seeds)} seeds of the {args.mix} mix",
+            flush=True,
         )
         started = time.monotonic()
         code = subprocess.run(

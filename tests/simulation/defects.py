@@ -274,6 +274,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    21: (
+        "a record whose handling raises is redone, never made poison: its partition stops for good",
+        [
+            (
+                "worker/poison.py",
+                "        self.poison[offset] = Poison(reason, error)\n        return True",
+                "        return True",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

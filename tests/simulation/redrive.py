@@ -1,7 +1,7 @@
 """Redrives as workload steps, drawn as a :class:`RedrivePlan`: records a fix makes valid, the fix, and ``dlq
 replay`` runs.
 
-Two causes the world can fix while the workers run, as an operator would:
+Three causes the world can fix while the workers run, as an operator would:
 
 - ``source``: records of a source the topology lacks (``acme``, keyed ``acme:<id>``) go to the
   DLQ as ``unknown-source``; the fix adds the source to the topology and restarts the workers
@@ -11,7 +11,10 @@ Two causes the world can fix while the workers run, as an operator would:
   other command topics (the effect routes') drop to that limit too, so the broker refuses
   the effect stage's large commands and they go to the DLQ as ``unproducible`` from the
   effect stage (a replay sends them back to the effects topic); the fix raises every limit
-  and restarts the workers (they read the limits at start).
+  and restarts the workers (they read the limits at start);
+- ``handler`` (added by :mod:`tests.simulation.handlers` to some plans): records whose handling
+  raises go to the DLQ as ``handler-error``; the fix is a deploy of fixed code (the workers
+  restarted one by one handle them).
 
 Then ``pipeline dlq replay --reason ...`` runs, the real code (``pipeline/ops/dlq.py``) as a
 process in the world over the simulated network: sometimes before the fix (the records go
@@ -37,10 +40,10 @@ REPLAY = (
 )
 # steps = seconds the broker goes away for as the (first) run sends its first fetch (0: it does not)
 FIX = "fix"  # the causes fixed: the topology given the source, the command topics' limit raised, workers restarted
-SOURCE, SIZE = "source", "size"
+SOURCE, SIZE, HANDLER = "source", "size", "handler"
 FIXED_SOURCE = "acme"
 #: What each cause's records are dead-lettered as until the fix: what the replays ask for.
-REASONS = {SOURCE: ("unknown-source",), SIZE: ("too-large", "unproducible")}
+REASONS = {SOURCE: ("unknown-source",), SIZE: ("too-large", "unproducible"), HANDLER: ("handler-error",)}
 COMMAND_LIMIT = 1200  # the command topics' max.message.bytes until the size fix
 BIG_PAD = 1500  # a body this much padded makes a command larger than COMMAND_LIMIT
 

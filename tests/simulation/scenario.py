@@ -3,13 +3,13 @@ what the mixes add (time, redrives, a rescale, topic configuration changes under
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from random import Random
 from typing import Any
 
 from tests.simulation import faults as fault_module
+from tests.simulation import handlers, timeline
 from tests.simulation import redrive as redrive_module
-from tests.simulation import timeline
 from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, Fault
 from tests.simulation.mixes import MIXES, Mix
 from tests.simulation.redrive import FIXED_SOURCE, RedrivePlan
@@ -138,6 +138,12 @@ class Scenario:
         if rng.random() < mix.time:
             self.time = timeline.draw(rng, duration=load.duration, workers=self.workers)
             self.faults = timeline.apply(self.time, load, self.faults, rng)
+        rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
+        if rng.random() < mix.handler:
+            fixable = self.redrive is not None
+            handlers.add_records(rng, load, seed, fixable=fixable)
+            if self.redrive is not None:
+                self.redrive = replace(self.redrive, causes=(*self.redrive.causes, redrive_module.HANDLER))
 
     @property
     def refusals(self) -> bool:

@@ -47,6 +47,8 @@ CASES = [
     (19, "default", 2269, "ConfigError('changelog sim-seen-changelog has 5 partitions but sim.raw has 3"),
     # a command topic's limit lowered under running workers, never read again: refused transactions for every record
     (20, "default", 3276, "livelock"),
+    # a record whose handling raises is redone forever, never dead-lettered (tests/simulation/handlers.py)
+    (21, "poison", 0, "livelock"),
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.simulation import redrive, timeline
+from tests.simulation import handlers, redrive, timeline
 from tests.simulation.faults import RESCALE, REVOKE_MID_OPEN, STANDBY_KINDS
 from tests.simulation.mixes import MIXES, parse_runs, suite
 from tests.simulation.scenario import Scenario
@@ -77,3 +77,19 @@ def test_a_suite_gives_each_mix_its_share() -> None:
     assert ("time", 74) in runs
     assert parse_runs("classic:187,12", "time") == [("classic", 187), ("time", 12)]
     assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive", "rescale"}
+
+
+def test_only_the_poison_mix_has_records_the_handler_fails_on_and_a_fixable_handler_only_with_a_redrive() -> (
+    None
+):
+    """Poison seeds: records the handler always fails on in more than half, a handler bug a redrive's fix removes
+    in some, always with its fix and replays; no other mix has either (their seeds replay as they were)."""
+    poison = [Scenario.draw(seed, "poison") for seed in SEEDS]
+    failing = [s for s in poison if any(d.poison == handlers.REASON for d in s.workload.deliveries)]
+    fixable = [s for s in poison if any(d.cause == handlers.REASON for d in s.workload.deliveries)]
+    assert 70 < len(failing) < 110
+    assert 20 < len(fixable) < len(failing)
+    assert all(s.redrive is not None and redrive.HANDLER in s.redrive.causes for s in fixable)
+    for mix in set(MIXES) - {"poison"}:
+        for seed in range(40):
+            assert not any(b"sim_fault" in d.value for d in Scenario.draw(seed, mix).workload.deliveries)

@@ -37,7 +37,7 @@ from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
-from tests.simulation import oracle, redrive, timeline, wire
+from tests.simulation import handlers, oracle, redrive, timeline, wire
 from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, DiskFaults, Fault, SimStore
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
@@ -163,6 +163,7 @@ class World:
         """Write and load the topology the workers started from now on run (``fixed``: a redrive's fix made)."""
         self.topology_path.write_text(self.scenario.topology_text(fixed=fixed))
         self.topology = topology_module.load(self.topology_path)
+        self.handler_fixed = fixed  # and the handler of tests/simulation/handlers.py deployed fixed
 
     def consumed_topics(self) -> list[str]:
         """The topics the workers consume: the input, and the effects topic with effect routes."""
@@ -432,7 +433,8 @@ class World:
             consumer=self._consumer_of(worker_consumer),
             wall=lambda: self.loop.wall() + slot.clock_offset,
         )
-        worker = Worker(self.settings(slot), self.topology, io=io)
+        classifier = handlers.faulty(fixed=self.handler_fixed)
+        worker = Worker(self.settings(slot), self.topology, io=io, classifier=classifier)
         process.on_crash.append(worker._dir_lock.release)  # the OS drops a dead process's locks
         slot.worker = worker
         self.note(f"{process.name} starts")

@@ -1,0 +1,89 @@
+"""A faulty handler: records whose handling raises (a bug in the worker's handling, not an invalid record).
+
+The world builds every worker with :func:`faulty` (``Worker(classifier=...)``): its classifier
+raises ``RuntimeError`` on a record whose body carries a fault mark, which the worker must treat as
+a handler failure: abort the transaction, redo it with that record as poison, and dead-letter it
+alone as ``handler-error`` (:mod:`pipeline.worker.poison`). Two marks:
+
+- :data:`ALWAYS`: the handler fails on it in every worker: it is poison (``handler-error``), and
+  a redrive of it goes back to the DLQ;
+- :data:`UNTIL_FIX`: a bug a redrive's fix removes (a deploy of fixed code: the workers started
+  after the fix handle it): until then it goes to the DLQ as ``handler-error``, and ``dlq replay
+  --reason handler-error`` after the fix gives its key one command (a redrive cause,
+  :data:`tests.simulation.redrive.HANDLER`).
+"""
+
+from __future__ import annotations
+
+from random import Random
+
+import orjson
+
+from pipeline.contract import Delivery as Record
+from pipeline.kafka.partitioner import owner_partition
+from pipeline.topology import Topology
+from pipeline.worker.classify import Classified, Classifier, ClassifierFactory, Partitioner
+from tests.simulation.workload import PLAIN_EVENT, SIM_ID, Delivery, Workload
+
+REASON = "handler-error"
+ALWAYS = b'"sim_fault":"always"'
+UNTIL_FIX = b'"sim_fault":"until-fix"'
+
+
+class FaultyHandler(Classifier):
+    """The topology's classifier, except that it raises on a record with a fault mark it has not been fixed of."""
+
+    def __init__(
+        self, topology: Topology, partitioner: Partitioner, *, input_partitions: int, fixed: bool
+    ) -> None:
+        super().__init__(topology, partitioner, input_partitions=input_partitions)
+        self.fixed = fixed
+
+    def classify(self, delivery: Record) -> Classified:
+        """Raise on a marked record; classify the others as the worker's own classifier does."""
+        value = delivery.value
+        if b'"sim_fault"' in value and (ALWAYS in value or (UNTIL_FIX in value and not self.fixed)):
+            raise RuntimeError("sim: the handler fails on this record")
+        return super().classify(delivery)
+
+
+def faulty(*, fixed: bool) -> ClassifierFactory:
+    """What builds a worker's classifier: a :class:`FaultyHandler`, ``fixed`` of :data:`UNTIL_FIX` or not."""
+
+    def build(topology: Topology, partitioner: Partitioner, *, input_partitions: int) -> Classifier:
+        return FaultyHandler(topology, partitioner, input_partitions=input_partitions, fixed=fixed)
+
+    return build
+
+
+def add_records(rng: Random, load: Workload, seed: int, *, fixable: bool) -> None:
+    """Events the handler fails on: a few keys always, and with ``fixable`` (a redrive plan) a few until the fix;
+    each sent one to three times, on its key's partition."""
+    extra: list[Delivery] = []
+    end = max(load.duration, 1.0)
+    kinds = [("h", ALWAYS)] + ([("u", UNTIL_FIX)] if fixable else [])
+    for prefix, mark in kinds:
+        for i in range(rng.randint(2, 6)):
+            key = f"stripe:evt_{seed}_{prefix}{i}"
+            first = rng.uniform(0, end)
+            for c in range(rng.choice((1, 1, 2, 3))):
+                sim_id = f"{prefix}{i}.{c}"
+                body = orjson.dumps({"id": key.split(":", 1)[1], "type": PLAIN_EVENT, "pending_webhooks": c})
+                body = body[:-1] + b"," + mark + b"}"
+                extra.append(
+                    Delivery(
+                        sim_id=sim_id,
+                        at=first + (rng.uniform(0, 8) if c else 0),
+                        partition=owner_partition(key.encode(), load.partitions),
+                        key=key.encode(),
+                        value=body,
+                        headers=[("source", b"stripe"), (SIM_ID, sim_id.encode())],
+                        timestamp_skew_ms=0,
+                        event_key=key,
+                        effect_key=None,
+                        poison=REASON if mark == ALWAYS else None,
+                        misplaced=False,
+                        cause=REASON if mark == UNTIL_FIX else None,
+                    )
+                )
+    load.add(extra)
