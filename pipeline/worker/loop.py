@@ -176,9 +176,6 @@ class Worker:
             fetch=self._fetch,
         )
         self._metadata.attach(consumer)
-        if self._stopping.is_set():  # SIGTERM while starting: joining now would cost the group a rebalance
-            log.info("worker stopped while it started: it does not join group %s", settings.group)
-            return
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if settings.metrics_port is not None:
             await self._serve_http(settings.metrics_port, layout.counts)

@@ -174,22 +174,6 @@ async def test_the_worker_subscribes_to_the_input_topic_at_start(start_worker: S
     assert w.worker.health()[0]  # nothing assigned, nothing unserved
 
 
-async def test_a_worker_stopped_while_it_starts_never_joins_the_group(tmp_path: Path) -> None:
-    """SIGTERM during start(): the start finishes without subscribing (no join, so no rebalance for the
-    group), and run() returns at once, its clients stopped."""
-    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs=_logs(3)))
-    worker = Worker(settings(tmp_path), TOPOLOGY, io=io)
-    worker.stop()  # the signal handler is installed before start() begins
-    await worker.start()
-    await asyncio.wait_for(worker.run(), 5)
-    assert clients.consumer.topics == []
-    assert clients.consumer.listener is None
-    assert clients.consumer.polls == 0
-    assert clients.consumer.stopped
-    assert clients.producers.latest().stopped
-    assert clients.producers.latest().committed == []
-
-
 async def test_assigned_partitions_open_concurrently_paused_then_seek_to_committed_and_resume(
     start_worker: Starter,
 ) -> None:
