@@ -284,6 +284,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    22: (
+        "a standby whose rounds raise a bug lives on: it logs, retries, and is never warm",
+        [
+            (
+                "worker/standbys.py",
+                "            on_applied=self.context.metrics.standby_records.inc,",
+                "            on_applied=self.context.metrics.standby_records,",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -49,6 +49,8 @@ CASES = [
     (20, "default", 3276, "livelock"),
     # a record whose handling raises is redone forever, never dead-lettered (tests/simulation/handlers.py)
     (21, "poison", 0, "livelock"),
+    # a standby's rounds raise a bug it catches, logs and retries: the worker lives on (tests/simulation/world.py)
+    (22, "standby", 0, "logged an unexpected error in worker.standby: standby sim.raw-3: unexpected error"),
 ]
 
 

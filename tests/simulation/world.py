@@ -15,7 +15,7 @@ import random
 import shutil
 import tempfile
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from random import Random
@@ -122,9 +122,13 @@ class _TraceHandler(logging.Handler):
             lines = traceback.format_exception(*record.exc_info)
             message += " | " + " ".join(line.strip() for line in lines[-30:])
         message = message.replace(str(self.world.root), "<state>")
-        self.world.note(f"{who} {record.levelname[0]} {record.name.removeprefix('pipeline.')}: {message}")
+        name = record.name.removeprefix("pipeline.")
+        self.world.note(f"{who} {record.levelname[0]} {name}: {message}")
+        if record.exc_info and record.levelno >= logging.ERROR and record.name.startswith("pipeline."):
+            self.world.unexpected(who, f"{who} logged an unexpected error in {name}: {message[:600]}")
 
 
+UNEXPECTED_KEPT = 3  # of one process's unexpected errors, the first few are problems
 STEPS = 400_000  # callbacks a run may take before it counts as a livelock
 STEPS_PER_OUTAGE_S = 4_000  # and more per second of broker outage, where every client retries all along
 
@@ -155,6 +159,7 @@ class World:
         self.operators = Operators(self)
         self.slots = [Slot(i, root / f"w{i}") for i in range(scenario.workers)]
         self.problems: list[str] = []
+        self._unexpected: Counter[str] = Counter()
         self.produced = 0
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
@@ -226,6 +231,14 @@ class World:
                         )
                         if problem not in self.problems:
                             self.problems.append(problem)
+
+    def unexpected(self, who: str, problem: str) -> None:
+        """A worker logged an error with its traceback: the code's catch-all for a bug (a standby's round
+        that raised what no retry is for). The worker lives on, so no exit and no count shows it: the run
+        fails on the log line itself (each process's first few, not every retry's)."""
+        self._unexpected[who] += 1
+        if self._unexpected[who] <= UNEXPECTED_KEPT:
+            self.problems.append(problem)
 
     def note(self, line: str) -> None:
         # a worker's transactional id hashes its (temporary) state dir: the trace names it by its slot
