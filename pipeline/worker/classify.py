@@ -40,6 +40,7 @@ class Invalid(NamedTuple):
     error: str
     key: str | None = None
     source: str | None = None
+    event_type: str | None = None  # the provider's, when the body was read (its audit record names it)
 
 
 class Reroute(NamedTuple):

@@ -113,6 +113,7 @@ class Emitter:
         key: str | None,
         source: str | None,
         extra: Mapping[str, Any] | None = None,
+        event_type: str | None = None,
     ) -> None:
         """The record to the DLQ with ``reason`` (truncated to fit), and its ``invalid`` audit record."""
         topic = self.topics.dlq
@@ -134,6 +135,7 @@ class Emitter:
             outcome="invalid",
             first_seen_at=None,
             source=source,
+            event_type=event_type,
             reason=reason,
             extra=extra,
         )

@@ -198,7 +198,9 @@ class EventStage:
             if target is None:
                 effect_path = route.effect_key if route else None
                 error = f"the event has no value at effect_key {effect_path!r}"
-                self._invalid(delivery, Invalid("missing-effect-key", error, item.key, source))
+                self._invalid(
+                    delivery, Invalid("missing-effect-key", error, item.key, source, item.event_type)
+                )
                 return
         rule = self._rules[source]
         key_bytes = item.key_bytes
@@ -225,7 +227,9 @@ class EventStage:
             refused_by = self._refused_by(command, target.topic)
             if refused_by is not None:
                 error = f"its command of {len(command[2])} bytes is larger than {refused_by} takes"
-                self._invalid(delivery, Invalid(RecordTooLargeError.reason, error, item.key, source))
+                self._invalid(
+                    delivery, Invalid(RecordTooLargeError.reason, error, item.key, source, item.event_type)
+                )
                 return
         txn.stage(key_bytes, entry, previous)
         txn.observe(timestamp)
@@ -347,6 +351,7 @@ class EventStage:
             key=item.key,
             source=item.source,
             extra=replayed_from(delivery),
+            event_type=item.event_type,
         )
         self.recorder.outcome(item.source, Outcome.INVALID.value)
 

@@ -107,8 +107,8 @@ async def test_an_effect_route_without_a_topic_names_the_topologys_command_topic
 
 
 async def test_an_event_without_a_value_at_its_effect_key_goes_to_the_dlq_as_missing_effect_key() -> None:
-    """No data.object.payment_intent: DLQ record and invalid audit with the reason, the path and the key; its
-    key is not claimed and nothing reaches a command topic, so a fixed copy redriven later is a first."""
+    """No data.object.payment_intent: DLQ record and invalid audit with the reason, the path, the key and the
+    event type; its key is not claimed and nothing reaches a command topic, so a fixed copy redriven later is a first."""
     world = build_event_world(SHOP)
     await world.run([shop_record(4, K[0], "checkout.session.completed", amount=100)])
     (dlq,) = world.dlq()
@@ -129,7 +129,7 @@ async def test_an_event_without_a_value_at_its_effect_key_goes_to_the_dlq_as_mis
             "received_at": T0 + 4,
             "first_seen_at": None,
             "source": "stripe",
-            "event_type": None,
+            "event_type": "checkout.session.completed",
             "expires_at": None,
             "reason": "missing-effect-key",
         }
@@ -216,7 +216,7 @@ async def test_the_route_cache_once_full_is_emptied_before_it_takes_another_type
 
 async def test_a_command_for_the_effect_stage_must_fit_its_command_topic_key_included() -> None:
     """The effect stage forwards the command as it is: one that fits shop.orders only without its key counted
-    goes to the DLQ as too-large naming shop.orders, audited invalid under its event key and source."""
+    goes to the DLQ as too-large naming shop.orders, audited invalid under its event key, source and type."""
     probe = build_event_world(SHOP)
     event = shop_record(3, K[0], "checkout.session.completed", payment_intent="pi_1")
     await probe.run([event])
@@ -237,10 +237,11 @@ async def test_a_command_for_the_effect_stage_must_fit_its_command_topic_key_inc
         f"its command of {len(sent.value)} bytes is larger than shop.orders takes",
     )
     (audit,) = world.audit()
-    assert {k: audit[k] for k in ("key", "outcome", "source", "reason")} == {
+    assert {k: audit[k] for k in ("key", "outcome", "source", "event_type", "reason")} == {
         "key": K[0],
         "outcome": "invalid",
         "source": "stripe",
+        "event_type": "checkout.session.completed",
         "reason": "too-large",
     }
     assert world.store.entries == {}
