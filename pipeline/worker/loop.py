@@ -210,7 +210,7 @@ class Worker:
             [source for source, _ in self._stages()],
             self.metrics.registry,
             self.health,
-            table.standbys.describe,
+            self.standby_states,
         )
         self._http = await worker_http.serve(app, self.settings.http_host, port)
         log.info("metrics and inspect endpoint on port %s", worker_http.bound_port(self._http))
@@ -257,6 +257,10 @@ class Worker:
     def standby_partitions(self) -> set[TopicPartition]:
         """The partitions this worker keeps a standby replica of now."""
         return set(self._table.standbys.held) if self._table is not None else set()
+
+    def standby_states(self) -> dict[str, dict[str, object]]:
+        """Each standby (``<topic>-<partition>``): its state, position and lag, as ``/partitions`` shows them."""
+        return self._table.standbys.describe() if self._table is not None else {}
 
     def health(self) -> Health:
         """Ready when every assigned partition is served and none is stuck; alive unless stuck or failed."""

@@ -294,6 +294,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    23: (
+        "standbys given but never kept: every promotion replays the whole changelog",
+        [
+            (
+                "worker/standbys.py",
+                "        wanted = {tp for tp in self.assignor.standbys - active if tp.topic in self._changelogs}",
+                "        wanted = {tp for tp in self.assignor.standbys - active if tp in self._changelogs}",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

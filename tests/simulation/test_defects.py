@@ -51,6 +51,8 @@ CASES = [
     (21, "poison", 0, "livelock"),
     # a standby's rounds raise a bug it catches, logs and retries: the worker lives on (tests/simulation/world.py)
     (22, "standby", 0, "logged an unexpected error in worker.standby: standby sim.raw-3: unexpected error"),
+    # standbys given but never kept: no command is wrong, every promotion is cold (tests/simulation/warmth.py)
+    (23, "standby", 0, "w1.1 holds no standby of sim-effects-1, which its assignment gives it"),
 ]
 
 

@@ -37,7 +37,7 @@ from pipeline.worker.loop import Worker
 from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
-from tests.simulation import handlers, oracle, redrive, timeline, wire
+from tests.simulation import handlers, oracle, redrive, timeline, warmth, wire
 from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, DiskFaults, Fault, SimStore
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
@@ -159,6 +159,7 @@ class World:
         self.operators = Operators(self)
         self.slots = [Slot(i, root / f"w{i}") for i in range(scenario.workers)]
         self.problems: list[str] = []
+        self.foreign_stores: set[tuple[int, TopicPartition]] = set()  # (slot, partition): another cluster's
         self._unexpected: Counter[str] = Counter()
         self.produced = 0
         self.loop.before_step = self._before_step
@@ -174,6 +175,13 @@ class World:
         """The topics the workers consume: the input, and the effects topic with effect routes."""
         topics = self.topology.topics
         return [topics.input] + ([topics.effects] if self.scenario.effects else [])
+
+    def changelog_of(self) -> dict[str, str]:
+        """Each consumed topic's changelog."""
+        topics = self.topology.topics
+        return {topics.input: topics.changelog} | (
+            {topics.effects: topics.effects_changelog} if self.scenario.effects else {}
+        )
 
     async def stop_workers(self, *, kill: bool = False) -> list[Slot]:
         """Every wanted worker down (SIGTERM, and SIGKILL if it does not stop; or SIGKILL at once); the slots."""
@@ -349,6 +357,7 @@ class World:
             await self.operators.last_replay()
             if not await self._settle():
                 return
+        self.problems.extend(await warmth.standbys_warm(self))
         await self._stop_all()
         await self._transactions_ended()
         if self.problems:
@@ -792,6 +801,8 @@ class World:
             store.write(changes, changelog_offset=offset, stream_time=now)
         finally:
             store.close()
+        if how != "ahead":
+            self.foreign_stores.add((slot.index, tp))
         self.note(f"planted a foreign store ({how}) for {tp.topic}-{tp.partition} in {slot.name}")
 
     # -- the end ----------------------------------------------------------------------------
