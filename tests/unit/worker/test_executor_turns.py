@@ -149,3 +149,17 @@ async def test_a_transaction_not_caught_up_waits_out_the_commit_interval_counted
         assert h.executor.due(h.tasks)
     finally:
         h.close()
+
+
+async def test_a_caught_up_transaction_due_now_for_its_size_does_not_linger(tmp_path: Path) -> None:
+    """Caught up, but at max_batch (due in 0 s, not later): it commits now, it does not wait out its linger."""
+    h = Harness(tmp_path, {"max_batch": 2, "commit_policy": "caught-up", "commit_linger": 5.0})
+    try:
+        await h.open(0)
+        h.feed(records(0, 0, A[:2]))
+        await h.work()
+        h.task().caught_up = True
+        assert h.executor.due_in(h.tasks) == 0.0
+        assert not h.executor.lingering(h.tasks)
+    finally:
+        h.close()
