@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .fakes import Harness, keys_for, records
+from .fakes import Harness, keys_for, records, tp
 
 A, B, C = keys_for(0, 12), keys_for(1, 12), keys_for(2, 12)
 
@@ -163,3 +163,29 @@ async def test_a_caught_up_transaction_due_now_for_its_size_does_not_linger(tmp_
         assert not h.executor.lingering(h.tasks)
     finally:
         h.close()
+
+
+async def test_a_transaction_due_in_half_a_second_is_not_due_yet(tmp_path: Path) -> None:
+    """Caught up with a linger of half a second: lingering, not due, until the half second has passed."""
+    h = Harness(tmp_path, {"commit_policy": "caught-up", "commit_linger": 0.5})
+    try:
+        await h.open(0)
+        h.feed(records(0, 0, A[:2]))
+        await h.work()
+        h.task().caught_up = True
+        assert h.executor.lingering(h.tasks)
+        assert not h.executor.due(h.tasks)
+        h.txn.opened_at -= 0.5
+        assert h.executor.due(h.tasks)
+    finally:
+        h.close()
+
+
+async def test_suspects_no_longer_served_here_are_forgotten(harness: Harness) -> None:
+    """A suspect whose partition left the table, or stopped serving, no longer goes alone."""
+    await harness.open(0)
+    await harness.open(1)
+    harness.executor.suspects = [tp(0), tp(1), tp(5)]
+    harness.task(1).broken(RuntimeError("its store failed"))
+    harness.executor.eligible(harness.tasks)
+    assert harness.executor.suspects == [tp(0)]
