@@ -1,0 +1,93 @@
+"""Opening a partition at its edges: the old transactional id fenced through the worker's producer, a rebalance
+beginning while the offset is read, and records a fetch still holds from before the move."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from pipeline.worker.lifecycle import PartitionState
+
+from .fakes import INPUT, keys_for, records
+from .test_tasks import TP0, TP1, _world
+
+K = keys_for(0, 4)
+
+
+async def test_the_old_transactional_id_is_fenced_through_the_workers_producer(tmp_path: Path) -> None:
+    """The legacy per-partition id is fenced with the client of the worker's own producer."""
+    world = _world(tmp_path, assigned={TP0})
+    fenced: list[tuple[Any, str]] = []
+
+    async def fence(client: Any, transactional_id: str) -> None:
+        fenced.append((client, transactional_id))
+
+    world.table.io = dataclasses.replace(world.table.io, fence=fence)
+    try:
+        await world.table.assigned({TP0})
+        await world.opened()
+        assert fenced == [(world.harness.txn.producer.client, f"webhooks-webhooks-{INPUT}-0")]
+    finally:
+        await world.table.close()
+
+
+async def test_a_partition_without_committed_offset_is_dropped_when_a_rebalance_begins_as_its_position_is_read(
+    tmp_path: Path,
+) -> None:
+    """Partition 0 has no committed offset: while its start position is read, the group revokes partition 1 (a
+    rebalance begins). Partition 0 is not positioned for the old assignment: its task is closed and out of the
+    table, so the next assignment opens it anew."""
+    world = _world(tmp_path, assigned={TP0, TP1})
+    gate = asyncio.Event()
+    reading = asyncio.Event()
+    position = world.consumer.position
+
+    async def slow_position(tp: TopicPartition) -> int:
+        reading.set()
+        await gate.wait()
+        return await position(tp)
+
+    world.consumer.position = slow_position  # type: ignore[method-assign,assignment]
+    try:
+        await world.table.assigned({TP0})
+        task = world.table.tasks[TP0]
+        await asyncio.wait_for(reading.wait(), 5)
+        await world.table.revoked({TP1})
+        gate.set()
+        await world.opened()
+        assert task.state is PartitionState.CLOSED
+        assert TP0 not in world.table.tasks
+        assert ("resume", TP0) not in world.consumer.events
+        await world.table.assigned({TP0})
+        assert world.table.tasks[TP0] is not task
+    finally:
+        gate.set()
+        await world.table.close()
+
+
+async def test_a_reopened_partition_gets_none_of_the_records_a_fetch_held_from_before_its_move(
+    tmp_path: Path,
+) -> None:
+    """Partition 0's store breaks while a finished fetch still holds two of its records: once it is reopened and
+    moved to its committed offset, the next fetch hands out none of them (they are fetched again from there)."""
+    world = _world(tmp_path, assigned={TP0})
+    try:
+        await world.table.assigned({TP0})
+        await world.opened()
+        waiting = asyncio.create_task(world.fetch.next(world.consumer, 1000))
+        await asyncio.sleep(0)
+        world.fetch.wake()
+        assert await waiting == {}
+        world.consumer.logs[TP0].extend(records(0, 0, K[:2]))
+        await asyncio.sleep(0.2)  # the pending fetch returns with both records (it waits 10 ms at most)
+        world.table.tasks[TP0].lifecycle.move(PartitionState.BROKEN)
+        world.table.reap()
+        await world.opened()
+        assert world.table.tasks[TP0].serving
+        assert await world.fetch.next(world.consumer, 0) == {}
+    finally:
+        await world.table.close()
