@@ -13,8 +13,10 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
 from pipeline import topology as topology_module
-from pipeline.errors import PipelineError
+from pipeline.errors import BrokerUnavailableError, PipelineError
+from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
 from pipeline.kafka.admin import TopicLayout
+from pipeline.state.store import PartitionStore
 from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.health import STOPPED
 from pipeline.worker.loop import Worker
@@ -182,6 +184,73 @@ async def test_records_are_dated_against_the_workers_own_clock(tmp_path: Path) -
     try:
         await _eventually(lambda: clients.producers.latest().committed_offset() == 2, what="both committed")
         assert worker.metrics.registry.get_sample_value("pipeline_clock_skewed_records_total") == 2
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_commands_dated_outside_what_their_topic_takes_are_stamped_with_the_workers_clock(
+    tmp_path: Path,
+) -> None:
+    """The commands topic takes timestamps within an hour of the broker's clock: the worker's clock ten days past
+    the records, each command is stamped with that clock, its own time kept in the original-timestamp header."""
+    now = T0 + 10 * 86_400_000
+    counts = layout()
+
+    async def bounded(_bootstrap: str, _topology: Any) -> TopicLayout:
+        return dataclasses.replace(counts, timestamps={TOPICS.commands: (3_600_000, 3_600_000)})
+
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs={TP0: records(0, 0, keys_for(0, 2))}))
+    io = dataclasses.replace(io, layout=bounded, wall=lambda: now / 1000)
+    worker = Worker(settings(tmp_path, commit_policy="caught-up"), TOPOLOGY, io=io)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        await _eventually(lambda: clients.producers.latest().committed_offset() == 2, what="both committed")
+        commands = clients.producers.latest().committed_to(TOPICS.commands)
+        assert [c.timestamp for c in commands] == [now, now]
+        assert [dict(c.headers)[ORIGINAL_TIMESTAMP_HEADER] for c in commands] == [
+            str(T0).encode(),
+            str(T0 + 1).encode(),
+        ]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_consumer_that_cannot_reach_the_broker_is_the_broker_unavailable_naming_where(
+    tmp_path: Path,
+) -> None:
+    """The group consumer cannot start: start() raises BrokerUnavailableError naming the bootstrap servers."""
+    consumer = FakeConsumer(assign=set())
+
+    async def away() -> None:
+        raise KafkaConnectionError("no broker")
+
+    consumer.start = away  # type: ignore[method-assign]
+    io, _clients = fake_io(consumer=consumer)
+    worker = Worker(settings(tmp_path, bootstrap="kafka-1:9092"), TOPOLOGY, io=io)
+    with pytest.raises(BrokerUnavailableError) as raised:
+        await worker.start()
+    assert str(raised.value).startswith("cannot reach Kafka at kafka-1:9092: ")
+
+
+async def test_the_served_stores_are_opened_through_the_workers_io(tmp_path: Path) -> None:
+    """The io's store opener opens the store of each partition the worker serves."""
+    opened: list[Path] = []
+
+    def opener(path: Path, **kwargs: Any) -> PartitionStore:
+        opened.append(path)
+        return PartitionStore.open(path, **kwargs)
+
+    io, _clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs={}))
+    worker = Worker(settings(tmp_path), TOPOLOGY, io=dataclasses.replace(io, open_store=opener))
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        await _eventually(lambda: (t := worker.tasks.get(TP0)) is not None and t.serving, what="partition 0")
+        assert opened
+        assert {path.name for path in opened} == {f"{TOPICS.input}-0"}
     finally:
         worker.stop()
         await asyncio.wait_for(task, 5)
