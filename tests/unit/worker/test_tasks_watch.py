@@ -99,3 +99,19 @@ async def test_a_task_that_got_records_is_caught_up_only_once_it_reached_the_log
     assert world.table.tasks[TP0].caught_up is False
     world.table.mark_caught_up({})
     assert world.table.tasks[TP0].caught_up is True
+
+
+async def test_a_partition_unserved_for_exactly_open_timeout_is_not_failed_yet(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_timeout (1 s) is the time a partition may stay unserved: at exactly 1 s it still may, past it not."""
+    clock = _Clock()
+    monkeypatch.setattr(tasks_module, "time", clock)
+    world.consumer.assigned = {TP0}
+    world.table.watch()
+    clock.now += 1.0
+    world.table.watch()
+    assert _failure(world.table) is None
+    clock.now += 0.001
+    world.table.watch()
+    assert _failure(world.table) is not None
