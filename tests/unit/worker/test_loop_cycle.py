@@ -7,7 +7,6 @@ The open transaction's time to its commit is set by the test (``TaskExecutor.due
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from pipeline.worker import loop as loop_module
 from pipeline.worker.executor import TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.loop import Worker
+from tests.unit.worker.test_loop import eventually as _eventually
 
 from .fakes import TOPOLOGY, FakeConsumer, fake_io, keys_for, records, settings, tp
 
@@ -35,15 +35,6 @@ class RecordingFetch(LoopFetch):
     ) -> dict[TopicPartition, list[Any]]:
         self.asks.append((wait_ms, hurry, gather))
         return await super().next(consumer, wait_ms, hurry=hurry, gather=gather)
-
-
-async def _eventually(condition: Callable[[], bool], *, timeout: float = 3.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        await asyncio.sleep(0.005)
 
 
 class Clocked:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,11 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
 from pipeline.worker.assignor import encode_standbys
 from pipeline.worker.loop import Worker
+from tests.unit.worker.test_loop import eventually as _eventually
 
 from .fakes import INPUT, TOPOLOGY, FakeConsumer, fake_io, keys_for, records, settings, tp
 
 TP0, TP1 = tp(0), tp(1)
-
-
-async def _eventually(condition: Callable[[], bool], *, timeout: float = 3.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        await asyncio.sleep(0.005)
 
 
 def _free_port() -> int:

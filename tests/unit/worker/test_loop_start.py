@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from pipeline.state.store import PartitionStore
 from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.health import STOPPED
 from pipeline.worker.loop import Worker
+from tests.unit.worker.test_loop import eventually
 
 from .fakes import (
     ROOT,
@@ -40,13 +41,7 @@ from .fakes import (
 TP0 = tp(0)
 
 
-async def _eventually(condition: Callable[[], bool], *, timeout: float = 5.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        await asyncio.sleep(0.005)
+_eventually = functools.partial(eventually, timeout=5.0)  # a start under load takes longer
 
 
 async def test_a_worker_builds_every_client_from_its_settings_and_reads_the_layout_again_after_a_refusal(
