@@ -129,3 +129,20 @@ async def test_an_abort_on_the_way_out_sends_each_partition_in_the_transaction_b
     outcome = await harness.executor.abort()
     assert outcome.rewind == {tp(0): 3, tp(1): 5}
     assert not harness.txn.open
+
+
+async def test_a_refusal_between_two_suspects_turns_keeps_the_suspects_it_did_not_hold(
+    harness: Harness,
+) -> None:
+    """Partitions 0 and 1 are suspects; the transaction of the others (2 and 3) is refused too: all four are
+    suspects, so 0 and 1 are not merged back into a transaction the broker refuses again (found by poison seed 40:
+    two pairs took turns being refused, none committing, for 8 s)."""
+    for partition in range(4):
+        await harness.open(partition)
+    harness.executor.suspects = [tp(0), tp(1)]
+    harness.feed([*records(2, 0, keys_for(2, 2)), *records(3, 0, keys_for(3, 2))])
+    await harness.work()
+    assert sorted(where.partition for where in harness.txn.parts) == [2, 3]
+    harness.producer.fail["commit"].append(InvalidTimestampError())
+    await harness.executor.commit(harness.tasks)
+    assert harness.executor.suspects == [tp(0), tp(1), tp(2), tp(3)]
