@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import Any
 
+from tests.simulation import blame
 from tests.simulation.loop import SimLoop
 from tests.simulation.records import (
     ABORT,
@@ -110,6 +111,14 @@ class TopicConfig:
         stamps them itself)."""
         return self.timestamp_type != LOG_APPEND_TIME
 
+    def refuses_timestamp(self, timestamp: int, now_ms: int) -> bool:
+        """Whether an append at ``now_ms`` refuses a record of ``timestamp`` (its bounds, KIP-937)."""
+        if not self.checks_timestamps():
+            return False
+        return timestamp > now_ms + self.timestamp_after_max_ms or (
+            self.timestamp_before_max_ms != NO_LIMIT and timestamp < now_ms - self.timestamp_before_max_ms
+        )
+
 
 @dataclass
 class _ProducerEntry:
@@ -145,12 +154,8 @@ class PartitionLog:
         """Append one produced batch; return (error code, base offset)."""
         if len(produced.raw) > config.max_message_bytes:
             return MESSAGE_TOO_LARGE, -1
-        for record in produced.records if config.checks_timestamps() else ():
-            if record.timestamp > now_ms + config.timestamp_after_max_ms or (
-                config.timestamp_before_max_ms != NO_LIMIT
-                and record.timestamp < now_ms - config.timestamp_before_max_ms
-            ):
-                return INVALID_TIMESTAMP, -1
+        if any(config.refuses_timestamp(record.timestamp, now_ms) for record in produced.records):
+            return INVALID_TIMESTAMP, -1
         pid = produced.producer_id
         if pid >= 0:
             entry = self.producers.get(pid)
@@ -353,6 +358,7 @@ class Broker:
         self.storm_until = 0.0  # until then every AddPartitionsToTxn kills its producer's sender
         self.owner_violations: list[str] = []
         self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
+        self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -443,9 +449,21 @@ class Broker:
                 )
                 if error:
                     return error, -1
-            error, base = log.append(produced, config, self.now_ms())
+            now_ms = self.now_ms()
+            error, base = log.append(produced, config, now_ms)
             if error == MESSAGE_TOO_LARGE:
                 self.topics[topic].size_refusals += 1
+            if error in (MESSAGE_TOO_LARGE, INVALID_TIMESTAMP):
+                kind = blame.SIZE if error == MESSAGE_TOO_LARGE else blame.TIMESTAMP
+                self.refused.extend(
+                    blame.refused(
+                        topic,
+                        produced,
+                        kind,
+                        limit=config.max_message_bytes,
+                        outside=lambda timestamp, now=now_ms: config.refuses_timestamp(timestamp, now),
+                    )
+                )
             if error:
                 if error not in (MESSAGE_TOO_LARGE, INVALID_TIMESTAMP):
                     self.trace(f"broker: produce {topic}-{partition} refused (error {error})")

@@ -304,6 +304,26 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    24: (
+        "a bisection that isolates at two records: the first of them is dead-lettered, whichever failed",
+        [
+            (
+                "worker/poison.py",
+                "        if count > 1:\n            self.limit = max(1, count // 2)",
+                "        if count > 2:\n            self.limit = max(1, count // 2)",
+            ),
+        ],
+    ),
+    25: (
+        "a record refused for its timestamp dead-lettered without a redo stamped with the current time",
+        [
+            (
+                "worker/poison.py",
+                "        if earlier is None and isinstance(cause, InvalidTimestampError):",
+                "        if False:",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

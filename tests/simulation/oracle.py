@@ -9,7 +9,11 @@ read_committed, across every process incarnation:
   with the reason it deserves, unless it sat on another partition than its key's (it is
   rerouted there, and the rerouted copy goes to the DLQ); a record of a cause the world fixes (a source added, a limit
   raised) has one, with that reason, or none; a valid record has none, unless the broker
-  refused its outputs (then ``unproducible`` or ``too-large``);
+  refused its outputs (then ``unproducible`` or ``too-large``); a record dead-lettered
+  ``unproducible`` had an output the broker refused alone, and, refused only for its
+  timestamp, was redone stamped with another; a record restamped (its audit record carries
+  ``original-timestamp``) had an output refused for its timestamp, or one the audit topic's
+  bounds refuse (:mod:`tests.simulation.blame`);
 - every accepted copy of a key (first, duplicate, conflict) is what the key's TTL windows
   say it must be (:mod:`tests.simulation.windows`, rules 1-5): a copy inside a window gives
   no second command, a copy after it exactly one new command, and a key with no claim yet
@@ -49,12 +53,19 @@ from typing import Any
 
 import orjson
 
-from pipeline.headers import EFFECT_TTL_HEADER, REPLAYED_FROM_HEADER, REROUTED_FROM_HEADER
-from tests.simulation.broker import Broker
+from pipeline.headers import (
+    EFFECT_TTL_HEADER,
+    ORIGINAL_TIMESTAMP_HEADER,
+    REPLAYED_FROM_HEADER,
+    REROUTED_FROM_HEADER,
+)
+from tests.simulation.blame import Blame, Bounds
+from tests.simulation.broker import NO_LIMIT, Broker
 from tests.simulation.windows import Copy, Stream, Windows
 from tests.simulation.workload import SIM_ID, Delivery
 
-REFUSED_REASONS = {"unproducible", "too-large"}
+UNPRODUCIBLE = "unproducible"
+REFUSED_REASONS = {UNPRODUCIBLE, "too-large"}
 ACCEPTED = {"first", "duplicate", "conflict"}
 
 
@@ -95,10 +106,11 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Audited:
-    """An audit record and when it was appended."""
+    """An audit record, when it was appended, and the timestamp it had before the worker restamped it."""
 
     value: dict[str, Any]
     appended: int
+    original: int | None = None  # its ``original-timestamp`` header: the worker stamped it with its clock
 
 
 def _records(broker: Broker, topic: str | None) -> list[tuple[int, Any]]:
@@ -120,6 +132,7 @@ def check(broker: Broker, facts: Facts) -> Verdict:
         if not commands.get(key):
             verdict.fail(f"{key}: no command, though its cause was fixed and the last replay exited 0")
     outcomes = Counter(a.value.get("outcome", "?") for a in audits.values())
+    reasons = Counter(a.value.get("reason") for a in audits.values())
     replayed = Counter(
         name
         for name in consumed
@@ -128,6 +141,8 @@ def check(broker: Broker, facts: Facts) -> Verdict:
     )
     verdict.counts = {
         "input": len(_records(broker, facts.input)),
+        "refused": len(broker.refused),
+        "unproducible": reasons[UNPRODUCIBLE],
         "commands": sum(commands.values()),
         "dlq": len(_records(broker, facts.dlq)),
         "dlq-effect": sum(
@@ -170,7 +185,8 @@ def _audits(
         stage = facts.effects if audit.get("stage") == "effect" and facts.effects else facts.input
         where = (stage, audit["partition"], audit["offset"])
         seen[where] += 1
-        found[where] = Audited(audit, record.appended)
+        original = record.header(ORIGINAL_TIMESTAMP_HEADER)
+        found[where] = Audited(audit, record.appended, int(original) if original is not None else None)
     for name in consumed:
         for partition, record in _records(broker, name):
             where = (name, partition, record.offset)
@@ -190,6 +206,10 @@ def _dead_letters(
 ) -> None:
     """Each consumed record's DLQ records: as many, and with the reason, as it deserves."""
     deliveries = {d.sim_id: d for d in facts.deliveries}
+    blamed = Blame.of(
+        broker.refused, audit=facts.audit, dlq=facts.dlq, effects=facts.effects, consumed=facts.input
+    )
+    bounds = Bounds.of(broker.topics[facts.audit].config, facts.offsets, unlimited=NO_LIMIT)
     dlq: dict[tuple[str, int, int], list[str]] = defaultdict(list)
     for _p, record in _records(broker, facts.dlq):
         entry = orjson.loads(record.value)
@@ -221,6 +241,16 @@ def _dead_letters(
                 verdict.fail(
                     f"{shown} ({what}) went to the DLQ as {reasons[0]}, expected one of {sorted(allowed)}"
                 )
+            keys = [record.key] + ([delivery.event_key, delivery.effect_key] if delivery is not None else [])
+            if reasons == [UNPRODUCIBLE] and (problem := blamed.problem(where, keys)) is not None:
+                verdict.fail(f"{shown} went to the DLQ as {UNPRODUCIBLE}, but {problem}")
+            if audited is not None and audited.original is not None:
+                outside = bounds.outside(audited.original, audited.appended)
+                if not outside and not blamed.for_timestamp(where, keys):
+                    verdict.fail(
+                        f"{shown} was restamped (original timestamp {audited.original}), but the broker refused none "
+                        "of its outputs for their timestamp, and the audit topic's bounds take it"
+                    )
     for where, reasons in sorted(dlq.items(), key=str)[:5]:
         verdict.fail(f"DLQ records {reasons} for {where}, which no committed consumed record is")
 

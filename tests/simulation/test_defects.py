@@ -53,6 +53,20 @@ CASES = [
     (22, "standby", 0, "logged an unexpected error in worker.standby: standby sim.raw-3: unexpected error"),
     # standbys given but never kept: no command is wrong, every promotion is cold (tests/simulation/warmth.py)
     (23, "standby", 0, "w1.1 holds no standby of sim-effects-1, which its assignment gives it"),
+    # a bisection that isolates at two records: a record whose outputs the broker takes is restamped (blame.py)
+    (
+        24,
+        "poison",
+        40,
+        "sim.raw-1@24 (s12) was restamped (original timestamp 1767225605163), but the broker refused",
+    ),
+    # a record refused for its timestamp dead-lettered without a redo stamped now (tests/simulation/blame.py)
+    (
+        25,
+        "poison",
+        40,
+        "sim.raw-1@25 (s32) went to the DLQ as unproducible, but its outputs were refused for their",
+    ),
 ]
 
 
