@@ -169,6 +169,13 @@ class ProducerFencedError(PipelineError):
     reason = "fenced"
 
 
+class InstanceIdTakenError(PipelineError):
+    """Another worker joined the group with this worker's ``--instance-id``, and the group took it in
+    this one's place: two live workers must not share an instance id. The worker exits."""
+
+    reason = "instance-id-taken"
+
+
 class ProducerUnusableError(PipelineError):
     """A transactional producer cannot continue: close it and start another (which aborts its transaction)."""
 

@@ -25,6 +25,8 @@ def worker_consumer(settings: WorkerSettings, *, assignor: Any = None) -> AIOKaf
     """The worker's group consumer: read_committed, no auto-commit (offsets go into transactions);
     ``assignor`` is its partition assignor (aiokafka's round-robin when None)."""
     strategy = (assignor,) if assignor is not None else (RoundRobinPartitionAssignor,)
+    if settings.instance_id is not None:  # a twin under the same id is then named, not "UnknownError()"
+        internals.know_fenced_instance_id()
     return AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         group_id=settings.group,

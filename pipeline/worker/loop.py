@@ -21,7 +21,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import BrokerUnavailableError, PipelineError, ProducerFencedError
+from pipeline.errors import BrokerUnavailableError, InstanceIdTakenError, PipelineError, ProducerFencedError
 from pipeline.kafka import internals
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.transactional import TransactionalProducer
@@ -285,6 +285,13 @@ class Worker:
                     raise table.failure
                 await self._cycle()
             clean = True
+        except KafkaError as exc:
+            if self.settings.instance_id is None or not internals.fenced_instance(exc):
+                raise
+            raise InstanceIdTakenError(
+                f"another worker joined group {self.settings.group} with --instance-id {self.settings.instance_id} "
+                "and took this one's place; two live workers must not share an instance id"
+            ) from None
         finally:
             await self._shutdown(commit=clean)
 

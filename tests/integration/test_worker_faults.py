@@ -80,3 +80,27 @@ async def test_a_static_member_killed_and_restarted_keeps_exactly_once(pipeline_
         worker = env.start_worker("w1", "--instance-id", "worker-0")
     await producing
     await check_exactly_once(env, ids, total)
+
+
+async def test_a_second_worker_under_the_same_instance_id_stops_the_first_with_one_line(
+    pipeline_env: MakeEnv,
+) -> None:
+    """Two live workers with one --instance-id: the group takes the second in the first's place, the first exits 1
+    with one line that says so (not aiokafka's ``UnknownError()``), the second serves on: one command per key."""
+    env: Env = await pipeline_env(partitions=4)
+    ids, waves = workload(3_000, 0.3, seed=5)
+    total = sum(len(w) for w in waves)
+    first = env.start_worker("a", "--instance-id", "twin")
+    await env.wait_assigned("a", before=0)
+    producing = asyncio.create_task(produce_steadily(env, waves))
+    await asyncio.sleep(0.5)
+    second = env.start_worker("b", "--instance-id", "twin")
+    assert await asyncio.to_thread(first.wait, 60) == 1, env.log_tail("a")
+    last = env.log_tail("a", 1)
+    assert last.startswith("pipeline: error: another worker joined group "), env.log_tail("a")
+    assert last.endswith(
+        " with --instance-id twin and took this one's place; two live workers must not share an instance id"
+    )
+    await producing
+    await check_exactly_once(env, ids, total)
+    assert second.poll() is None, env.log_tail("b")

@@ -37,16 +37,22 @@ ruff's private-member rule keeps it that way.
 - :func:`group_request` and :func:`group_coordinator_moved`: a request of our own to a
   consumer's group coordinator (OffsetFetch v7 with ``require_stable``:
   :mod:`pipeline.kafka.stable_offsets`).
+- :func:`know_fenced_instance_id` and :func:`fenced_instance`: FENCED_INSTANCE_ID (KIP-345) added
+  to aiokafka's error table, which lacks it, and found again in the ``KafkaError`` its group
+  coordinator wraps it in (two workers with one ``--instance-id``).
 - :func:`kafka_client`: the ``AIOKafkaClient`` under a consumer or an admin client (fencing a
   transactional id without a producer: :mod:`pipeline.kafka.fencing`).
 """
 
 from pipeline.kafka.internals.client import ClusterIds, admin_request, cluster_ids, kafka_client
 from pipeline.kafka.internals.consumer import (
+    FencedInstanceIdError,
+    fenced_instance,
     generation_current,
     group_coordinator_moved,
     group_metadata,
     group_request,
+    know_fenced_instance_id,
     read_committed_before_start,
     request_rejoin,
     stop_consumer,
@@ -66,11 +72,13 @@ from pipeline.kafka.internals.producer import (
 __all__ = [
     "DEAD_PRODUCER_ERRORS",
     "ClusterIds",
+    "FencedInstanceIdError",
     "RawFetch",
     "abort_would_be_local",
     "admin_request",
     "batch_builder",
     "cluster_ids",
+    "fenced_instance",
     "fetch_raw",
     "force_metadata_update",
     "generation_current",
@@ -78,6 +86,7 @@ __all__ = [
     "group_metadata",
     "group_request",
     "kafka_client",
+    "know_fenced_instance_id",
     "log_end",
     "read_committed_before_start",
     "request_rejoin",

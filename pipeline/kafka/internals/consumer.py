@@ -1,4 +1,4 @@
-"""aiokafka's consumer inside: its stop, its isolation before start, its group coordinator."""
+"""aiokafka's consumer inside: its stop, its isolation before start, its group coordinator, its errors."""
 
 from __future__ import annotations
 
@@ -6,11 +6,36 @@ import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
+from aiokafka import errors as aiokafka_errors
+from aiokafka.errors import BrokerResponseError, KafkaError
 from aiokafka.protocol.group import HeartbeatRequest
 
 from pipeline.errors import PipelineError
 from pipeline.kafka.requests import GroupMetadata
+
+
+class FencedInstanceIdError(BrokerResponseError):  # type: ignore[misc]  # aiokafka.errors is untyped
+    """FENCED_INSTANCE_ID (KIP-345), which aiokafka 0.14 does not know: another consumer joined the group
+    with this one's ``group.instance.id``, and the group coordinator took it in this one's place."""
+
+    errno = 82
+    message = "FENCED_INSTANCE_ID"
+    description = "another consumer with the same group.instance.id registered with a different member id"
+
+
+def know_fenced_instance_id() -> None:
+    """Teach aiokafka's error table FENCED_INSTANCE_ID (it answers an unknown code with ``UnknownError()``,
+    which says nothing): its group coordinator then names :class:`FencedInstanceIdError` in what it raises."""
+    aiokafka_errors.kafka_errors.setdefault(FencedInstanceIdError.errno, FencedInstanceIdError)
+
+
+def fenced_instance(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a group consumer, is FENCED_INSTANCE_ID: aiokafka's group coordinator
+    raises a :class:`KafkaError` carrying only the ``repr`` of the error the coordinator answered (a
+    JoinGroup, SyncGroup or Heartbeat), so the class's name is what is left of it."""
+    return isinstance(exc, FencedInstanceIdError) or (
+        isinstance(exc, KafkaError) and FencedInstanceIdError.__name__ in str(exc)
+    )
 
 
 async def stop_consumer(consumer: AIOKafkaConsumer) -> None:

@@ -514,3 +514,21 @@ async def test_group_request_finds_the_coordinator_then_sends_through_it() -> No
     assert calls == ["ensure", "send req", "dead"]
     assert callable(GroupCoordinator.ensure_coordinator_known)
     assert callable(GroupCoordinator.coordinator_dead)
+
+
+def test_aiokafka_knows_no_fenced_instance_id_until_told_and_wraps_the_groups_errors_by_repr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiokafka 0.14 maps code 82 to UnknownError; once told it maps it to FencedInstanceIdError; its JoinGroup
+    and SyncGroup handlers wrap an unexpected error as ``KafkaError(repr(err))`` and its heartbeat names it with
+    ``!r``, which is what fenced_instance reads."""
+    import aiokafka.consumer.group_coordinator as coordinator_module  # noqa: PLC0415
+    import aiokafka.errors as aiokafka_errors  # noqa: PLC0415
+
+    monkeypatch.setattr(aiokafka_errors, "kafka_errors", dict(aiokafka_errors.kafka_errors))
+    assert aiokafka_errors.for_code(82) is aiokafka_errors.UnknownError
+    internals.know_fenced_instance_id()
+    assert aiokafka_errors.for_code(82) is internals.FencedInstanceIdError
+    source = inspect.getsource(coordinator_module)
+    assert source.count("raise Errors.KafkaError(repr(err))") == 2
+    assert "Unexpected exception in heartbeat task: {error_type()!r}" in source
