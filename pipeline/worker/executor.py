@@ -261,9 +261,8 @@ class TaskExecutor:
             task = tasks.get(tp)
             if task is not None:
                 task.tally.clear()
-        if (
-            len(held) > 1
-        ):  # suspects not in this transaction stay ones: else two sets could take turns, forever
+        if len(held) > 1:
+            # suspects this transaction did not hold stay ones: else two sets could take turns, forever
             self.suspects = sorted({*self.suspects, *held}, key=_order)
             log.warning("transactions hold one partition each until %s commit alone", _names(held))
             return None
