@@ -59,7 +59,7 @@ from pipeline.headers import (
     REPLAYED_FROM_HEADER,
     REROUTED_FROM_HEADER,
 )
-from tests.simulation.blame import Blame, Bounds
+from tests.simulation.blame import SIZE, Blame, Bounds
 from tests.simulation.broker import NO_LIMIT, Broker
 from tests.simulation.windows import Copy, Stream, Windows
 from tests.simulation.workload import SIM_ID, Delivery
@@ -141,7 +141,8 @@ def check(broker: Broker, facts: Facts) -> Verdict:
     )
     verdict.counts = {
         "input": len(_records(broker, facts.input)),
-        "refused": len(broker.refused),
+        "refused-size": sum(1 for r in broker.refused if r.kind == SIZE),
+        "refused-time": sum(1 for r in broker.refused if r.kind != SIZE),
         "unproducible": reasons[UNPRODUCIBLE],
         "commands": sum(commands.values()),
         "dlq": len(_records(broker, facts.dlq)),
