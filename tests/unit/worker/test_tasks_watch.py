@@ -115,3 +115,46 @@ async def test_a_partition_unserved_for_exactly_open_timeout_is_not_failed_yet(
     clock.now += 0.001
     world.table.watch()
     assert _failure(world.table) is not None
+
+
+async def test_a_partition_served_and_then_broken_is_unserved_from_when_it_broke(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unserved before its task opened, then served, then broken: the watch counts from the break, not from the
+    first time it was unserved, so a break soon after is not taken for a partition unserved for too long."""
+    clock = _Clock()
+    monkeypatch.setattr(tasks_module, "time", clock)
+    world.consumer.assigned = {TP0}
+    world.table.watch()  # assigned, no task yet
+    clock.now += 0.5
+    await world.table.assigned({TP0})
+    await world.opened()
+    world.table.watch()
+    clock.now += 0.9
+    world.table.tasks[TP0].broken(RuntimeError("its store failed"))
+    world.table.watch()
+    clock.now += 0.9
+    world.table.watch()
+    assert _failure(world.table) is None
+    clock.now += 0.2
+    world.table.watch()
+    assert _failure(world.table) is not None
+
+
+async def test_an_unserved_partition_named_after_a_served_one_is_still_watched(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 0 served, partition 1 assigned with no task: whatever the order the consumer names them in,
+    partition 1 fails the worker once unserved past open_timeout."""
+    clock = _Clock()
+    monkeypatch.setattr(tasks_module, "time", clock)
+    world.consumer.assigned = {TP0}
+    await world.table.assigned({TP0})
+    await world.opened()
+    monkeypatch.setattr(world.consumer, "assignment", lambda: [TP0, TP1])
+    world.table.watch()
+    clock.now += 1.5
+    world.table.watch()
+    failure = _failure(world.table)
+    assert failure is not None
+    assert f"partition {TP1.topic}-1 is assigned but not served" in str(failure)
