@@ -189,3 +189,27 @@ async def test_suspects_no_longer_served_here_are_forgotten(harness: Harness) ->
     harness.task(1).broken(RuntimeError("its store failed"))
     harness.executor.eligible(harness.tasks)
     assert harness.executor.suspects == [tp(0)]
+
+
+async def test_a_task_never_yet_marked_caught_up_does_not_make_its_transaction_linger(tmp_path: Path) -> None:
+    """Policy caught-up, a task just opened that handled records but was never told it is caught up: its
+    transaction waits the commit interval, it does not linger as if nothing more were coming."""
+    h = Harness(
+        tmp_path,
+        {
+            "commit_policy": "caught-up",
+            "commit_linger": 0.5,
+            "commit_interval": 30.0,
+            "transaction_timeout": 60.0,
+        },
+    )
+    try:
+        await h.open(0)
+        h.feed(records(0, 0, A[:2]))
+        await h.work()
+        assert not h.executor.lingering(h.tasks)
+        due_in = h.executor.due_in(h.tasks)
+        assert due_in is not None
+        assert due_in > 1.0
+    finally:
+        h.close()

@@ -18,6 +18,8 @@ from pipeline.worker import observe
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.observe import forget_partition, observe_lag, observe_store, warn_if_behind
 
+from .fakes import INPUT, Harness
+
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 
@@ -294,3 +296,17 @@ def test_a_gauge_that_never_had_the_partition_is_skipped() -> None:
     forget_partition(dataclasses.replace(metrics, lag=cast("Gauge", forgetful)), TopicPartition("raw", 3))
     assert forgetful.removed == [("raw", "3")]
     assert _gauge(metrics, "pipeline_store_keys") is None
+
+
+async def test_a_task_ready_but_not_yet_positioned_counts_its_whole_log_as_lag(tmp_path: Path) -> None:
+    """A task serving before the consumer is moved to its offset (the beginning still being looked up): its lag
+    is the whole log, and reporting it does not fail."""
+    h = Harness(tmp_path)
+    task = h.task(0)
+    try:
+        await task.open(h.txn, time.monotonic() + h.settings.open_timeout)
+        observe_lag(h.metrics, _consumer(100), task)
+        labels = {"topic": INPUT, "partition": "0"}
+        assert h.metrics.registry.get_sample_value("pipeline_consumer_lag", labels) == 100.0
+    finally:
+        h.close()

@@ -1,13 +1,18 @@
-"""A task's progress: when it counts as stuck, what idling and a rewind reset, and a store rebuilt on open."""
+"""A task's progress: when it counts as stuck, what idling and a rewind reset, and a store rebuilt on open (still\nits partition's)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+from aiokafka import TopicPartition
+
+from pipeline.errors import StoreIdentityError
+from pipeline.state.store import PartitionStore
 from pipeline.worker.lifecycle import PartitionState
 
-from .fakes import TOPICS, Harness, keys_for, records
+from .fakes import TOPICS, Harness, keys_for, records, tp
 
 Opener = Callable[..., Awaitable[Harness]]
 K = keys_for(0, 4)
@@ -79,3 +84,20 @@ async def test_a_store_ahead_of_its_empty_changelog_is_rebuilt_and_served(tmp_pa
         assert again.producer.committed_keys(TOPICS.commands) == [K[3].encode()]
     finally:
         again.close()
+
+
+async def test_a_store_rebuilt_on_open_still_belongs_to_its_partition(tmp_path: Path) -> None:
+    """The store rebuilt for being ahead of its changelog is stamped with the partition's identity again: opened
+    afterwards as another partition's store, it is refused."""
+    first = Harness(tmp_path)
+    await first.open(0)
+    await first.handle_and_commit(records(0, 0, K[:3]))
+    first.close()
+    again = Harness(tmp_path)
+    task = await again.open(0)
+    assert task.store is not None
+    path, bucket_ms = task.store.path, task.store.bucket_ms
+    again.close()
+    other = again.context.identity(tp(1), TopicPartition(TOPICS.changelog, 1))
+    with pytest.raises(StoreIdentityError):
+        PartitionStore.open(path, bucket_ms=bucket_ms, identity=other)
