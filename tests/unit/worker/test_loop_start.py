@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocol
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
 from pipeline import topology as topology_module
@@ -20,6 +21,7 @@ from pipeline.state.store import PartitionStore
 from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.health import STOPPED
 from pipeline.worker.loop import Worker
+from tests.unit.worker.test_assignor import Cluster
 from tests.unit.worker.test_loop import eventually
 
 from .fakes import (
@@ -115,6 +117,12 @@ async def test_a_worker_not_started_says_so() -> None:
     with pytest.raises(PipelineError) as raised:
         await worker.run()
     assert str(raised.value) == "the worker is not started"
+
+
+def test_a_worker_not_started_describes_no_standbys() -> None:
+    """Before start() there is no standby to describe (what /partitions shows is empty), and asking does not fail."""
+    worker = Worker(settings(Path("unused")), TOPOLOGY, io=fake_io()[0])
+    assert worker.standby_states() == {}
 
 
 async def test_a_topology_with_effects_has_its_worker_consume_the_effects_topic_too(tmp_path: Path) -> None:
@@ -246,6 +254,79 @@ async def test_the_served_stores_are_opened_through_the_workers_io(tmp_path: Pat
         await _eventually(lambda: (t := worker.tasks.get(TP0)) is not None and t.serving, what="partition 0")
         assert opened
         assert {path.name for path in opened} == {f"{TOPICS.input}-0"}
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_workers_records_travel_before_the_commit_once_a_batch_reaches_its_send_bytes(
+    tmp_path: Path,
+) -> None:
+    """send_bytes 1 KiB and a command of some 6 KB: the command is sent while its transaction is still open (its
+    commit 30 s away), not held back for the commit."""
+    key = keys_for(0, 1)[0]
+    logs = {TP0: [record(0, key, value=body(key, pad=6000))]}
+    io, clients = fake_io(consumer=FakeConsumer(assign={TP0}, logs=logs))
+    given = settings(
+        tmp_path, send_bytes=1024, commit_policy="interval", commit_interval=30.0, transaction_timeout=60.0
+    )
+    worker = Worker(given, TOPOLOGY, io=io)
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        await _eventually(
+            lambda: any(s.topic == TOPICS.commands for s in clients.producers.latest().pending),
+            what="the command sent in the open transaction",
+        )
+        assert clients.producers.latest().committed == []
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+
+
+class _RefreshingConsumer(FakeConsumer):
+    """A group consumer whose client's metadata can be refreshed and whose coordinator can be asked to rejoin."""
+
+    def __init__(self) -> None:
+        super().__init__(assign=set())
+        self.updates = 0
+        self.rejoins = 0
+        self._client = self
+        self._coordinator = self
+
+    async def force_metadata_update(self) -> bool:
+        self.updates += 1
+        return True
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {0, 1} if self.updates else None
+
+    def request_rejoin(self) -> None:
+        self.rejoins += 1
+
+
+async def test_a_worker_that_led_a_rebalance_without_a_topics_partitions_refreshes_its_metadata_and_rejoins(
+    tmp_path: Path,
+) -> None:
+    """The worker's assignor, leading a rebalance whose metadata lacks the input topic, has the worker's own
+    consumer refresh its metadata and rejoin the group."""
+    consumer = _RefreshingConsumer()
+    io, _clients = fake_io(consumer=consumer)
+    assignors: list[Any] = []
+
+    def made(_settings: Any, **kwargs: Any) -> FakeConsumer:
+        assignors.append(kwargs["assignor"])
+        return consumer
+
+    worker = Worker(settings(tmp_path), TOPOLOGY, io=dataclasses.replace(io, consumer=made))
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    try:
+        (assignor,) = assignors
+        member = ConsumerProtocol.METADATA.decode(assignor.metadata([TOPICS.input]).encode())
+        assignor.assign(Cluster({}), {"member-1": member})
+        await _eventually(lambda: consumer.rejoins == 1, what="the rejoin")
+        assert consumer.updates >= 1
     finally:
         worker.stop()
         await asyncio.wait_for(task, 5)
