@@ -243,3 +243,14 @@ async def test_forgetting_a_partition_a_returned_fetch_holds_nothing_of_keeps_th
         await asyncio.sleep(0)
     fetch.forget(tp(5))
     assert await fetch.next(consumer, 0) == {tp(0): ["r1", "r2"]}
+
+
+@pytest.mark.parametrize("wait_ms", [0, 50])
+async def test_a_fetch_takes_at_most_max_records(wait_ms: int) -> None:
+    """Five records buffered and max_records 2: a fetch that does not wait, and one that may, each hands out two,
+    in order; the next hands out the next two."""
+    fetch = LoopFetch(max_records=2)
+    consumer = _BufferingConsumer()
+    consumer.buffer = ["r0", "r1", "r2", "r3", "r4"]
+    assert await fetch.next(consumer, wait_ms) == {tp(0): ["r0", "r1"]}
+    assert await fetch.next(consumer, wait_ms) == {tp(0): ["r2", "r3"]}
