@@ -252,6 +252,25 @@ async def test_a_standby_not_yet_checked_claims_what_its_store_was_known_to_hold
         await replicas.close()
 
 
+async def test_a_store_wiped_since_it_was_known_never_claims_what_it_held_once_a_new_one_lies_there(
+    harness: Harness,
+) -> None:
+    """A store known at 500 is wiped (closed at -1); a new store of the partition is then opened there and closed
+    before its position was known: the worker claims nothing of it, never the 500 the wiped store held."""
+    replicas = _replicas(harness)
+    path = _store_at(replicas, TP, 500)
+    replicas.remember(TP, 500)
+    PartitionStore.wipe(path)
+    replicas.remember(TP, -1)
+    PartitionStore.open(
+        path,
+        bucket_ms=directory.topology_bucket_ms(replicas.context.topology),
+        identity=replicas.identity(TP),
+    ).close()
+    replicas.remember(TP, None)
+    assert TP not in replicas.claim().positions
+
+
 async def test_a_standby_is_started_on_its_partitions_changelog_with_the_workers_opener_and_metric(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
