@@ -346,3 +346,19 @@ def test_the_partitions_nobody_holds_are_still_dealt_round_robin_after_a_current
     tp0 = TopicPartition(TOPIC, 0)
     members = {"m0": Claim(SUB, {tp0: 0}), "m1": Claim(SUB, {tp0: 3 * CAUGHT_UP})}
     assert _shape(plan(_tps(3), members, replicas=1)) == {"m0": ([2], [0, 1]), "m1": ([0, 1], [2])}
+
+
+def test_partitions_left_over_go_one_at_a_time_to_the_least_loaded_subscriber_a_tie_to_the_first() -> None:
+    """Nine partitions over four members (a share of two, one member three): of the five effects partitions, only
+    c and d subscribe; c takes three, d is at its two of raw; of the two left, the first goes to d (less loaded,
+    now tied with c at three) and the second to c, the first of the two tied."""
+    effects = frozenset({"effects"})
+    members = {"a": Claim(SUB), "b": Claim(SUB), "c": Claim(effects), "d": Claim(SUB | effects)}
+    tasks = [*_tps(4), *(TopicPartition("effects", p) for p in range(5))]
+    plans = plan(tasks, members, replicas=0)
+    assert {n: [(tp.topic, tp.partition) for tp in p.active] for n, p in plans.items()} == {
+        "a": [(TOPIC, 3)],
+        "b": [(TOPIC, 0)],
+        "c": [("effects", 0), ("effects", 1), ("effects", 2), ("effects", 4)],
+        "d": [("effects", 3), (TOPIC, 1), (TOPIC, 2)],
+    }
