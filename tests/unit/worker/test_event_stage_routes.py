@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.headers import COMMAND_TOPIC_HEADER, EFFECT_TTL_HEADER
 from pipeline.kafka.partitioner import owner_partition
-from pipeline.kafka.record_size import RECORD_OVERHEAD
+from pipeline.kafka.record_size import RECORD_OVERHEAD, record_size
 from pipeline.state.decision import Outcome
 from pipeline.topology import Route, Topology
 from pipeline.worker import event_stage as event_stage_module
@@ -244,4 +244,28 @@ async def test_a_command_for_the_effect_stage_must_fit_its_command_topic_key_inc
         "event_type": "checkout.session.completed",
         "reason": "too-large",
     }
+    assert world.store.entries == {}
+
+
+async def test_a_command_for_the_effect_stage_must_fit_the_effects_topic_headers_included() -> None:
+    """The effects-topic record carries the effect TTL and command topic headers: one that fits the effects topic
+    only without them counted goes to the DLQ as too-large naming the effects topic, and nothing is claimed."""
+    probe = build_event_world(SHOP)
+    event = shop_record(3, K[0], "checkout.session.completed", payment_intent="pi_1")
+    await probe.run([event])
+    (sent,) = probe.sent(TOPICS.effects)
+    exact = record_size(sent.key, sent.value, list(sent.headers))
+
+    fits = build_event_world(SHOP, limits={TOPICS.effects: exact})
+    await fits.run([event])
+    assert len(fits.sent(TOPICS.effects)) == 1
+
+    world = build_event_world(SHOP, limits={TOPICS.effects: exact - 1})
+    await world.run([event])
+    assert _commands_anywhere(world) == []
+    (dlq,) = world.dlq()
+    assert (dlq["reason"], dlq["error"]) == (
+        "too-large",
+        f"its command of {len(sent.value)} bytes is larger than {TOPICS.effects} takes",
+    )
     assert world.store.entries == {}
