@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import pytest
 from aiokafka.errors import InvalidTimestampError, RecordTooLargeError
 
 from pipeline.worker.poison import RESTAMP, UNPRODUCIBLE, PoisonTracker
 from pipeline.worker.stage import HandlerFailedError, Poison
+
+from .fakes import INPUT, Harness
 
 
 def _limit(tracker: PoisonTracker) -> int | None:
@@ -170,3 +176,20 @@ def test_a_handler_failure_says_which_offset_failed_and_how() -> None:
     """HandlerFailedError keeps the offset and the error, and its message names both."""
     exc = HandlerFailedError(7, "ValueError('a bug')")
     assert (exc.offset, exc.error, str(exc)) == (7, "ValueError('a bug')", "offset 7: ValueError('a bug')")
+
+
+def test_a_record_refused_alone_is_logged_naming_its_partition_and_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning that a record alone fails to commit names the partition whose tracker it is (a task's own, by
+    the task's name) and the offset."""
+    task = Harness(tmp_path).task(3)
+    refused = RecordTooLargeError("too big")
+    with caplog.at_level(logging.WARNING, logger="pipeline.worker.poison"):
+        for tracker in (PoisonTracker("raw-0"), task.poison):
+            tracker.commit_failed(10, 1, refused)
+            tracker.commit_failed(10, 1, refused)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "raw-0: offset 10 alone fails to commit",
+        f"{INPUT}-3: offset 10 alone fails to commit",
+    ]
