@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 
-from pipeline.errors import StoreIdentityError
+from pipeline.errors import StoreIdentityError, StoreLockedError
 from pipeline.state.store import PartitionStore
+from pipeline.worker import opening
 from pipeline.worker.lifecycle import PartitionState
 
 from .fakes import TOPICS, Harness, keys_for, records, tp
@@ -101,3 +104,33 @@ async def test_a_store_rebuilt_on_open_still_belongs_to_its_partition(tmp_path: 
     other = again.context.identity(tp(1), TopicPartition(TOPICS.changelog, 1))
     with pytest.raises(StoreIdentityError):
         PartitionStore.open(path, bucket_ms=bucket_ms, identity=other)
+
+
+async def test_a_store_found_locked_while_it_is_rebuilt_is_waited_for_and_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's rebuild (it is ahead of its changelog) finds it held by another process once: the restore is
+    retried within store_lock_wait, and the task serves from the rebuilt store."""
+    monkeypatch.setattr(opening, "BACKOFF_FIRST", 0.0)
+    first = Harness(tmp_path)
+    await first.open(0)
+    await first.handle_and_commit(records(0, 0, K[:3]))
+    first.close()
+    opens: list[Path] = []
+
+    def opener(path: Path, **kwargs: Any) -> PartitionStore:
+        opens.append(path)
+        if len(opens) == 2:  # the rebuild's open
+            raise StoreLockedError(f"store {path} is held by pid 7")
+        return PartitionStore.open(path, **kwargs)
+
+    again = Harness(tmp_path)
+    again.context = dataclasses.replace(again.context, open_store=opener)
+    try:
+        task = await again.open(0)
+        assert task.state is PartitionState.READY
+        assert task.store is not None
+        assert task.store.changelog_offset == -1
+        assert len(opens) >= 3
+    finally:
+        again.close()
