@@ -6,6 +6,7 @@ arguments the worker builds them with.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,16 @@ def test_the_transactional_id_is_the_apps_the_groups_and_the_instances() -> None
     """With a static member id, the id names it; a legacy partition id names topic and partition."""
     assert clients.worker_transactional_id(_settings(instance_id="pod-7"), "app") == "app-hooks-worker-pod-7"
     assert clients.legacy_transactional_id("app", "g", "events", 3) == "app-g-events-3"
+
+
+def test_without_an_instance_id_the_transactional_id_names_the_host_and_state_dir_by_16_hex_digits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No --instance-id: the instance is the first 16 hex digits of sha256("<host>:<state dir>"), the same on every
+    start (a restart must abort what the last run left open), another for another state dir."""
+    monkeypatch.setattr(clients.socket, "gethostname", lambda: "node-1")
+    expected = hashlib.sha256(f"node-1:{Path('/var/state').resolve()}".encode()).hexdigest()[:16]
+    assert clients.worker_transactional_id(_settings(), "app") == f"app-hooks-worker-{expected}"
+    assert clients.worker_transactional_id(_settings(state_dir=Path("/var/other")), "app") != (
+        f"app-hooks-worker-{expected}"
+    )
