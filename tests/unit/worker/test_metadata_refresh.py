@@ -184,3 +184,11 @@ async def test_only_topics_not_yet_waited_for_are_warned_about(caplog: pytest.Lo
     ]
     assert refresh.pending == {TOPIC, "effects"}
     await refresh.close()
+
+
+async def test_a_report_before_a_consumer_is_attached_asks_for_nothing() -> None:
+    """A rebalance reported before the worker attached its consumer: nothing is waited for, nothing refreshed."""
+    refresh = MetadataRefresh(first_backoff=0.001, max_backoff=0.002)
+    refresh.missing(frozenset({TOPIC}))
+    assert refresh.pending == frozenset()
+    await refresh.close()
