@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ from pipeline.worker.lifecycle import (
     PartitionState,
     StandbyState,
 )
+
+from .fakes import INPUT, Harness
 
 S = PartitionState
 EDGES = [(a, b) for a in S for b in sorted(TRANSITIONS[a])]
@@ -157,3 +161,11 @@ def test_an_illegal_move_names_the_task_or_standby_it_was_asked_of() -> None:
         IllegalTransitionError, match=r"^standby raw-1: no transition from closed to following$"
     ):
         standby.move(StandbyState.FOLLOWING)
+
+
+def test_a_tasks_refused_move_names_its_partition(tmp_path: Path) -> None:
+    """An active task's lifecycle carries the task's name: a transition it lacks is refused naming the partition."""
+    task = Harness(tmp_path).task(2)
+    task.close()
+    with pytest.raises(IllegalTransitionError, match=f"^{re.escape(INPUT)}-2: no transition from "):
+        task.lifecycle.move(S.READY)
