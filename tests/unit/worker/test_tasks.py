@@ -229,6 +229,20 @@ async def test_a_legacy_fence_that_fails_once_is_retried_and_logged_with_the_par
     assert any(r.getMessage().startswith(f"{INPUT}-0: fence failed") for r in caplog.records)
 
 
+async def test_a_committed_offset_read_that_fails_once_is_retried_and_logged_with_the_partition(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The group coordinator away while the committed offset is read: retried, the warning naming the partition's
+    read; the partition then serves."""
+    world.group.refusals.append(KafkaConnectionError("away"))
+    caplog.set_level(logging.WARNING, logger="pipeline.worker.opening")
+    await world.table.assigned({TP0})
+    await world.opened()
+    assert world.table.tasks[TP0].state is S.READY
+    assert len(world.group.reads) == 2
+    assert any(r.getMessage().startswith(f"{INPUT}-0: committed offset failed") for r in caplog.records)
+
+
 async def test_an_assigned_partition_left_unserved_fails_the_worker_only_after_open_timeout(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
