@@ -7,6 +7,7 @@ arguments the worker builds them with.
 from __future__ import annotations
 
 import hashlib
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,7 @@ def test_without_an_instance_id_the_transactional_id_names_the_host_and_state_di
 ) -> None:
     """No --instance-id: the instance is the first 16 hex digits of sha256("<host>:<state dir>"), the same on every
     start (a restart must abort what the last run left open), another for another state dir."""
-    monkeypatch.setattr(clients.socket, "gethostname", lambda: "node-1")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-1")
     expected = hashlib.sha256(f"node-1:{Path('/var/state').resolve()}".encode()).hexdigest()[:16]
     assert clients.worker_transactional_id(_settings(), "app") == f"app-hooks-worker-{expected}"
     assert clients.worker_transactional_id(_settings(state_dir=Path("/var/other")), "app") != (
