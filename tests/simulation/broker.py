@@ -742,6 +742,13 @@ class Broker:
         instance_id: str | None = None,
     ) -> dict[str, Any]:
         group = self.group(group_id)
+        if instance_id is not None:
+            if member_id and self._fenced_static(group, member_id, instance_id):
+                return {"error": FENCED_INSTANCE_ID, "member_id": member_id}
+            if not member_id:  # KIP-345: a static member is given its id at once, no MEMBER_ID_REQUIRED
+                member_id = f"{instance_id}-{next(self._members)}"
+                group.pending_ids.add(member_id)
+                self._replace_static(group, instance_id, member_id)
         if not member_id:
             member_id = f"{client_id}-{next(self._members)}"
             group.pending_ids.add(member_id)
@@ -772,6 +779,35 @@ class Broker:
             self._prepare(group, f"{member_id} joined")
         self._maybe_complete_join(group)
         return await member.join  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _static(group: Group, instance_id: str) -> Member | None:
+        return next((m for m in group.members.values() if m.instance_id == instance_id), None)
+
+    def _fenced_static(self, group: Group, member_id: str, instance_id: str | None) -> bool:
+        """KIP-345: a request naming ``instance_id`` from another member id than the one the group now knows
+        it by (a newer member joined under it) is answered FENCED_INSTANCE_ID."""
+        if instance_id is None:
+            return False
+        static = self._static(group, instance_id)
+        return static is not None and static.member_id != member_id
+
+    def _replace_static(self, group: Group, instance_id: str, member_id: str) -> None:
+        """A static member joins under ``instance_id`` with no member id: the member the group knew by it is
+        replaced (its pending JoinGroup or SyncGroup answered FENCED_INSTANCE_ID); the group rebalances (the
+        coordinator may skip that when stable and the protocols are unchanged: the model always does it)."""
+        old = self._static(group, instance_id)
+        if old is None:
+            return
+        del group.members[old.member_id]
+        for waiting in (old.join, old.sync):
+            if waiting is not None and not waiting.done():
+                waiting.set_result({"error": FENCED_INSTANCE_ID, "member_id": old.member_id})
+        if group.leader == old.member_id:
+            group.leader = None
+        self.trace(
+            f"broker: group {group.group_id}: {member_id} replaces {old.member_id} (instance {instance_id})"
+        )
 
     def _prepare(self, group: Group, why: str) -> None:
         group.state = "preparing"
@@ -830,9 +866,16 @@ class Broker:
                 )
 
     async def sync(
-        self, group_id: str, generation: int, member_id: str, assignments: list[tuple[str, bytes]]
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        assignments: list[tuple[str, bytes]],
+        instance_id: str | None = None,
     ) -> dict[str, Any]:
         group = self.group(group_id)
+        if self._fenced_static(group, member_id, instance_id):
+            return {"error": FENCED_INSTANCE_ID}
         member = group.members.get(member_id)
         if member is None:
             return {"error": UNKNOWN_MEMBER_ID}
@@ -859,8 +902,12 @@ class Broker:
         member.sync = self.loop.create_future()
         return await member.sync  # type: ignore[no-any-return]
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> int:
+    def heartbeat(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> int:
         group = self.group(group_id)
+        if self._fenced_static(group, member_id, instance_id):
+            return FENCED_INSTANCE_ID
         member = group.members.get(member_id)
         if member is None:
             return UNKNOWN_MEMBER_ID

@@ -324,6 +324,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    26: (
+        "a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error",
+        [
+            (
+                "worker/loop.py",
+                "            if self.settings.instance_id is None or not internals.fenced_instance(exc):",
+                "            if True:",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -34,6 +34,8 @@ RESCALE = "rescale"  # every worker stopped, ``pipeline rescale`` to ``target`` 
 RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers run (``detail`` says which)
 # a worker restarts with its changelog reads crawling; once it opens its partitions, a worker joins (drawn apart)
 REVOKE_MID_OPEN = "revoke-mid-open"
+# a second process under a running worker's instance id, for ``duration`` seconds (the static mix)
+TWIN = "twin"
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made

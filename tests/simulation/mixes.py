@@ -20,6 +20,11 @@ often, so that a bug of that area is found by many seeds rather than by one in h
 - ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
   and topic configuration changes; not in the suite (docs/reliability.md: what rule 2 of the
   TTL windows leaves open after a rescale);
+- ``static``: the workers are static members (``--instance-id``, as a StatefulSet runs them: a
+  restart takes its partitions back, a stopped worker leaves no group until its session ends),
+  and in 60% of the seeds a second process runs for a while under a running worker's instance
+  id (a ``twin``: the group takes it in the first one's place, and the one pushed out must stop
+  with ``InstanceIdTakenError``);
 - ``classic``: the scenarios as drawn before these areas existed (the seeds that found holes
   before them replay under it).
 
@@ -53,6 +58,8 @@ class Mix:
         0.0  # chance of a rebalance while a worker opens its partitions (faults.REVOKE_MID_OPEN)
     )
     handler: float = 0.0  # chance of records the handler fails on (tests/simulation/handlers.py)
+    static: float = 0.0  # chance that the workers are static members (--instance-id, KIP-345)
+    twin: float = 0.0  # with static members, chance of a second process under a running worker's instance id
 
 
 MIXES: dict[str, Mix] = {
@@ -101,16 +108,24 @@ MIXES: dict[str, Mix] = {
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
+        Mix(
+            "static",
+            time=0.2,
+            static=1.0,
+            twin=0.6,
+            kinds={**dict.fromkeys(KINDS, 1.0), "crash": 2.0, "pause": 2.0, "leave": 2.0},
+        ),
     )
 }
 
-#: The share of each mix in a run of many seeds (``--mix suite``, what scripts/test runs): out of 20.
+#: The share of each mix in a run of many seeds (``--mix suite``, what scripts/test runs): out of 22.
 SUITE: tuple[tuple[str, int], ...] = (
     ("default", 8),
     ("poison", 3),
     ("standby", 3),
     ("time", 3),
     ("redrive", 3),
+    ("static", 2),
 )
 
 

@@ -42,6 +42,7 @@ class Scenario:
     time: TimePlan | None = None
     redrive: RedrivePlan | None = None
     changes: list[Fault] = field(default_factory=list)  # rescales and reconfigurations (in ``faults`` too)
+    static: bool = False  # the workers run with --instance-id (their slot's name): static members
 
     @classmethod
     def draw(cls, seed: int, mix_name: str = "classic") -> Scenario:
@@ -138,6 +139,13 @@ class Scenario:
         if rng.random() < mix.time:
             self.time = timeline.draw(rng, duration=load.duration, workers=self.workers)
             self.faults = timeline.apply(self.time, load, self.faults, rng)
+        rng = _apart(seed, 8)
+        if rng.random() < mix.static:
+            self.static = True
+            if rng.random() < mix.twin:
+                at = rng.uniform(1.0, duration)
+                twin = Fault(at, fault_module.TWIN, rng.randrange(self.workers), rng.uniform(2.0, 15.0))
+                self.faults = sorted([*self.faults, twin], key=lambda f: f.at)
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None
@@ -164,6 +172,7 @@ class Scenario:
                 if self.older
                 else ""
             )
+            + (", static members (--instance-id)" if self.static else "")
             + f", settings {self.settings}",
             f"workload: {self.workload.describe()}",
             "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),

@@ -278,3 +278,34 @@ def test_the_pipelines_eos_v2_calls_work_through_aiokafkas_clients_on_the_model(
             await consumer.stop()
 
     assert not model.run_clients(scenario).errors
+
+
+def test_a_static_member_joining_under_a_known_instance_id_replaces_the_member_that_had_it() -> None:
+    """KIP-345: a JoinGroup under an instance id with no member id gets an id at once (no MEMBER_ID_REQUIRED) and
+    replaces the member the group knew by it; that member's JoinGroup and SyncGroup are then answered
+    FENCED_INSTANCE_ID, its heartbeat (no instance id: aiokafka's v1) UNKNOWN_MEMBER_ID."""
+
+    async def scenario(model: Model) -> None:
+        args = ("client", None, 10_000, 10_000, "consumer", [("range", b"")])
+        first = await model.broker.join(GROUP, "", *args, instance_id="w0")
+        assert first["error"] == b.NONE
+        old = first["member_id"]
+        assert old.startswith("w0-")
+        joining = asyncio.ensure_future(model.broker.join(GROUP, "", *args, instance_id="w0"))
+        second = await joining
+        new = second["member_id"]
+        assert (second["error"], new != old) == (b.NONE, True)
+        assert list(model.broker.group(GROUP).members) == [new]
+        assert (await model.broker.join(GROUP, old, *args, instance_id="w0"))["error"] == b.FENCED_INSTANCE_ID
+        synced = await model.broker.sync(GROUP, second["generation"], old, [], instance_id="w0")
+        assert synced["error"] == b.FENCED_INSTANCE_ID
+        assert model.broker.heartbeat(GROUP, second["generation"], old) == b.UNKNOWN_MEMBER_ID
+        assert (
+            await model.broker.sync(GROUP, second["generation"], new, [(new, b"a")], instance_id="w0")
+        ) == {
+            "error": b.NONE,
+            "assignment": b"a",
+        }
+        assert model.broker.heartbeat(GROUP, second["generation"], new, "w0") == b.NONE
+
+    Model().run(scenario)

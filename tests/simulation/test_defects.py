@@ -67,6 +67,8 @@ CASES = [
         40,
         "sim.raw-1@25 (s32) went to the DLQ as unproducible, but its outputs were refused for their",
     ),
+    # a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error
+    (26, "static", 2, "w0.1 exited on its own: exit 1: KafkaError('FencedInstanceIdError()')"),
 ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.simulation import handlers, redrive, timeline
-from tests.simulation.faults import RESCALE, REVOKE_MID_OPEN, STANDBY_KINDS
+from tests.simulation.faults import RESCALE, REVOKE_MID_OPEN, STANDBY_KINDS, TWIN
 from tests.simulation.mixes import MIXES, parse_runs, suite
 from tests.simulation.scenario import Scenario
 
@@ -62,21 +62,22 @@ def test_the_classic_mix_adds_nothing_and_the_others_keep_its_draws() -> None:
 
 
 def test_a_suite_gives_each_mix_its_share() -> None:
-    """500 seeds of the suite: 200 of the default mix and 75 of each directed one, each mix's from seed 0; a
-    list names seeds by mix."""
+    """500 seeds of the suite: 183 of the default mix, 68 of each directed one and 45 of the static one, each
+    mix's from seed 0; a list names seeds by mix."""
     runs = suite(500)
     assert len(runs) == 500
     assert Counter(mix for mix, _ in runs) == {
-        "default": 200,
-        "poison": 75,
-        "standby": 75,
-        "time": 75,
-        "redrive": 75,
+        "default": 183,
+        "poison": 68,
+        "standby": 68,
+        "time": 68,
+        "redrive": 68,
+        "static": 45,
     }
     assert ("time", 0) in runs
-    assert ("time", 74) in runs
+    assert ("time", 67) in runs
     assert parse_runs("classic:187,12", "time") == [("classic", 187), ("time", 12)]
-    assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive", "rescale"}
+    assert set(MIXES) == {"classic", "default", "poison", "standby", "time", "redrive", "rescale", "static"}
 
 
 def test_only_the_poison_mix_has_records_the_handler_fails_on_and_a_fixable_handler_only_with_a_redrive() -> (
@@ -93,3 +94,13 @@ def test_only_the_poison_mix_has_records_the_handler_fails_on_and_a_fixable_hand
     for mix in set(MIXES) - {"poison"}:
         for seed in range(40):
             assert not any(b"sim_fault" in d.value for d in Scenario.draw(seed, mix).workload.deliveries)
+
+
+def test_only_the_static_mix_runs_static_members_and_twins_and_only_under_them() -> None:
+    """static: every seed's workers are static members, a twin in about 60% of them; no other mix has either."""
+    static = [Scenario.draw(seed, "static") for seed in SEEDS]
+    assert all(s.static for s in static)
+    assert 60 < sum(TWIN in _kinds(s) for s in static) < 120
+    for mix in ("classic", "default", "poison", "standby", "time", "redrive", "rescale"):
+        drawn = [Scenario.draw(seed, mix) for seed in SEEDS[:30]]
+        assert not any(s.static or TWIN in _kinds(s) for s in drawn), mix

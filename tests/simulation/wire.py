@@ -270,10 +270,17 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
     if key == group.JoinGroupRequest.API_KEY:
         return await _join(broker, req, client_id, process)
     if key == group.SyncGroupRequest.API_KEY:
-        result = await broker.sync(req.group, req.generation_id, req.member_id, req.group_assignment)
+        result = await broker.sync(
+            req.group,
+            req.generation_id,
+            req.member_id,
+            req.group_assignment,
+            getattr(req, "group_instance_id", None),
+        )
         return req.RESPONSE_TYPE(0, result["error"], result.get("assignment", b""))
     if key == group.HeartbeatRequest.API_KEY:
-        return req.RESPONSE_TYPE(0, broker.heartbeat(req.group, req.generation_id, req.member_id))
+        instance = getattr(req, "group_instance_id", None)  # aiokafka's Heartbeat (v1) carries none
+        return req.RESPONSE_TYPE(0, broker.heartbeat(req.group, req.generation_id, req.member_id, instance))
     if key == group.LeaveGroupRequest.API_KEY:
         return req.RESPONSE_TYPE(0, broker.leave(req.group, req.member_id))
     if key == transaction.InitProducerIdRequest.API_KEY:

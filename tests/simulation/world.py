@@ -25,7 +25,7 @@ from aiokafka import TopicPartition
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
-from pipeline.errors import BrokerUnavailableError, StoreLockedError
+from pipeline.errors import BrokerUnavailableError, InstanceIdTakenError, StoreLockedError
 from pipeline.kafka.admin import topic_specs
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
@@ -49,6 +49,8 @@ STOP_LIMIT_S = 60.0  # the longest a worker may take to stop when asked
 TXNS_END_LIMIT_S = 120.0  # for the coordinator to abort what a stopped zombie left open (timeout + its scan)
 OPEN_TXN_STATES = frozenset({"ongoing", "prepare_commit", "prepare_abort"})
 RESTART_BACKOFF_S = 1.0
+TWIN_GRACE_S = 15.0  # after a twin stops, how long its worker may still be pushed out by it (a session)
+TAKEN = InstanceIdTakenError.__name__
 CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
 
 
@@ -164,6 +166,9 @@ class World:
         self.produced = 0
         self.loop.before_step = self._before_step
         self._crash_in: dict[Process, int] = {}
+        self.twins = 0  # second processes started under a worker's instance id (the twin fault)
+        self.twin_until: dict[int, float] = {}  # slot index -> until when a twin may push its worker out
+        self.twin_processes: list[tuple[Process, Worker]] = []
 
     def use_topology(self, *, fixed: bool) -> None:
         """Write and load the topology the workers started from now on run (``fixed``: a redrive's fix made)."""
@@ -439,6 +444,7 @@ class World:
             topology=self.topology_path,
             state_dir=slot.state_dir,
             group=GROUP,
+            instance_id=slot.name if self.scenario.static else None,
             **self.scenario.settings,
         )
 
@@ -450,17 +456,22 @@ class World:
         slot.incarnations += 1
         process = Process(f"{slot.name}.{slot.incarnations}")
         slot.process = process
+        worker = self._worker(slot, self.settings(slot), process)
+        slot.worker = worker
+        self.note(f"{process.name} starts")
+        slot.task = self.loop.spawn(process, self._incarnation(slot, process, worker), process.name)
+
+    def _worker(self, slot: Slot, settings: WorkerSettings, process: Process) -> Worker:
+        """A worker of ``slot``'s machine (its clock) with ``settings``, run as ``process``."""
         io = replace(
             kafka_io(open_store=SimStore.open),
             consumer=self._consumer_of(worker_consumer),
             wall=lambda: self.loop.wall() + slot.clock_offset,
         )
         classifier = handlers.faulty(fixed=self.handler_fixed)
-        worker = Worker(self.settings(slot), self.topology, io=io, classifier=classifier)
+        worker = Worker(settings, self.topology, io=io, classifier=classifier)
         process.on_crash.append(worker._dir_lock.release)  # the OS drops a dead process's locks
-        slot.worker = worker
-        self.note(f"{process.name} starts")
-        slot.task = self.loop.spawn(process, self._incarnation(slot, process, worker), process.name)
+        return worker
 
     async def _incarnation(self, slot: Slot, process: Process, worker: Worker) -> None:
         outcome = "exit 0"
@@ -487,6 +498,8 @@ class World:
         slot.exits.append(outcome)
         if outcome == "exit 1 at start: the broker is down":
             pass
+        elif TAKEN in outcome and self.loop.time() <= self.twin_until.get(slot.index, -1.0):
+            pass  # a twin under its instance id pushed it out of the group: it stops, and is started again
         elif outcome != "exit 0" or slot.wanted:
             self.problems.append(f"{process.name} exited on its own: {outcome}")
         self.loop.crash(process)  # the process is over: whatever it left pending never runs
@@ -622,6 +635,9 @@ class World:
         if kind == REVOKE_MID_OPEN:
             await self._revoke_mid_open(slot, fault)
             return
+        if kind == fault_module.TWIN:
+            await self._twin(slot, fault)
+            return
         process = slot.process
         if kind == "disk":
             self.disk.arm(slot.name, fault.detail, fault.steps)
@@ -645,6 +661,45 @@ class World:
             self._crash(process)
             self._plant_foreign_store(slot, fault.detail)
             await self._restart_later(slot, process, fault.duration)
+
+    async def _twin(self, slot: Slot, fault: Fault) -> None:
+        """A second process under ``slot``'s instance id (its own state dir) for ``fault.duration`` seconds:
+        the group takes it in the running worker's place (KIP-345), whose producer it fences too. The one
+        pushed out must stop with InstanceIdTakenError (the slot's worker is then started again, as a
+        supervisor would, and pushes the twin out in turn); any other exit of the twin is a problem."""
+        if not self.scenario.static or not slot.running:
+            return
+        self.twins += 1
+        process = Process(f"{slot.name}.twin{self.twins}")
+        settings = replace(
+            self.settings(slot), state_dir=slot.state_dir.parent / f"{slot.name}-twin{self.twins}"
+        )
+        worker = self._worker(slot, settings, process)
+        self.twin_until[slot.index] = self.loop.time() + fault.duration + TWIN_GRACE_S
+        self.twin_processes.append((process, worker))
+        self.note(f"{process.name} starts under {slot.name}'s instance id, for {fault.duration:.1f}s")
+        self.loop.spawn(process, self._twin_run(process, worker, fault.duration), process.name)
+
+    async def _twin_run(self, process: Process, worker: Worker, duration: float) -> None:
+        outcome = "exit 0"
+        started = False
+        try:
+            await worker.start()
+            started = True
+            run = asyncio.ensure_future(worker.run())
+            done, _ = await asyncio.wait({run}, timeout=duration)
+            if not done:
+                worker.stop()
+                self.note(f"{process.name} SIGTERM")
+            await run
+        except BrokerUnavailableError as exc:
+            outcome = "exit 1 at start: the broker is down" if not started else f"exit 1: {exc!r}"[:400]
+        except Exception as exc:
+            outcome = f"exit 1: {exc!r}"[:400]
+        self.note(f"{process.name} ended: {outcome}")
+        if outcome not in ("exit 0", "exit 1 at start: the broker is down") and TAKEN not in outcome:
+            self.problems.append(f"{process.name} exited on its own: {outcome}")
+        self.loop.crash(process)
 
     async def _kill_leader_mid_rebalance(self, fault: Fault) -> None:
         """A worker joins (a rebalance); the group's leader is SIGKILLed once JoinGroup has answered and
@@ -836,14 +891,21 @@ class World:
         return True
 
     async def _stop_all(self) -> None:
+        twins = [process for process, _ in self.twin_processes if process.alive]
+        for process, worker in self.twin_processes:
+            if process.alive:
+                worker.stop()
         running = [s for s in self.slots if s.running]
         for slot in running:
             slot.wanted = False
             slot.stops += 1
             if slot.worker is not None:
                 slot.worker.stop()
-        await self._stopped(*(s.process for s in running if s.process is not None), limit=STOP_LIMIT_S)
+        await self._stopped(
+            *(s.process for s in running if s.process is not None), *twins, limit=STOP_LIMIT_S
+        )
         names = [s.process.name for s in running if s.running and s.process is not None]
+        names += [p.name for p in twins if p.alive]
         if names:
             self.problems.append(f"workers did not stop within {STOP_LIMIT_S:.0f}s: {names}")
             for slot in running:
