@@ -338,6 +338,9 @@ class World:
         for slot in self.slots:
             if slot.process is not None and slot.process.alive:
                 self.loop.crash(slot.process)
+        for process, _ in self.twin_processes:
+            if process.alive:
+                self.loop.crash(process)
         self.loop.close()
         self.loop.tasks.clear()
 
