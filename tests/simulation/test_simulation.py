@@ -141,6 +141,10 @@ FOUND: dict[tuple[str, int], str] = {
         "redrive",
         60247,
     ): "two rolling restarts of one worker and a rescale: the late restart started it under the rescale (the world's own)",
+    (
+        "static",
+        60020,
+    ): "a worker and its twin took turns replacing each other until five fences stopped one (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 

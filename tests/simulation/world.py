@@ -50,7 +50,9 @@ TXNS_END_LIMIT_S = 120.0  # for the coordinator to abort what a stopped zombie l
 OPEN_TXN_STATES = frozenset({"ongoing", "prepare_commit", "prepare_abort"})
 RESTART_BACKOFF_S = 1.0
 TWIN_GRACE_S = 15.0  # after a twin stops, how long its worker may still be pushed out by it (a session)
-TAKEN = InstanceIdTakenError.__name__
+# how a worker that shares its instance id with a twin may stop: pushed out of the group, or fenced again and
+# again by the twin's producer (Worker._count_fence), each with a line naming the cause
+TWIN_EXITS = (InstanceIdTakenError.__name__, "another process uses transactional id")
 CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
 
 
@@ -501,8 +503,8 @@ class World:
         slot.exits.append(outcome)
         if outcome == "exit 1 at start: the broker is down":
             pass
-        elif TAKEN in outcome and self.loop.time() <= self.twin_until.get(slot.index, -1.0):
-            pass  # a twin under its instance id pushed it out of the group: it stops, and is started again
+        elif _twin_exit(outcome) and self.loop.time() <= self.twin_until.get(slot.index, -1.0):
+            pass  # a twin under its instance id pushed it out: it stops, and is started again
         elif outcome != "exit 0" or slot.wanted:
             self.problems.append(f"{process.name} exited on its own: {outcome}")
         self.loop.crash(process)  # the process is over: whatever it left pending never runs
@@ -700,7 +702,7 @@ class World:
         except Exception as exc:
             outcome = f"exit 1: {exc!r}"[:400]
         self.note(f"{process.name} ended: {outcome}")
-        if outcome not in ("exit 0", "exit 1 at start: the broker is down") and TAKEN not in outcome:
+        if outcome not in ("exit 0", "exit 1 at start: the broker is down") and not _twin_exit(outcome):
             self.problems.append(f"{process.name} exited on its own: {outcome}")
         self.loop.crash(process)
 
@@ -958,6 +960,11 @@ class World:
             )
         lines.append(f"produced {self.produced} of {len(self.scenario.workload.deliveries)}")
         return lines
+
+
+def _twin_exit(outcome: str) -> bool:
+    """Whether a worker's exit is one a twin under its instance id may cause (:data:`TWIN_EXITS`)."""
+    return any(reason in outcome for reason in TWIN_EXITS)
 
 
 def _world() -> Any:
