@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TypeVar
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import BrokerUnavailableError, InstanceIdTakenError, PipelineError, ProducerFencedError
+from pipeline.errors import BrokerUnavailableError, PipelineError, ProducerFencedError
 from pipeline.kafka import internals
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.transactional import TransactionalProducer
@@ -37,6 +36,7 @@ from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.executor import Outcome, TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
+from pipeline.worker.identity import FenceCount, instance_taken
 from pipeline.worker.io import WorkerIO, kafka_io
 from pipeline.worker.limits import TopicLimits
 from pipeline.worker.metadata_refresh import MetadataRefresh
@@ -49,7 +49,6 @@ from pipeline.worker.tasks import TaskTable
 
 log = logging.getLogger(__name__)
 
-FENCES_ALLOWED, FENCE_WINDOW_S = 5, 60.0  # producer fences in a row, within a window, before the worker stops
 PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
 
 _T = TypeVar("_T")
@@ -94,7 +93,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._fetch = LoopFetch(max_records=self.settings.fetch_records)
         self._metadata = MetadataRefresh()
-        self._fences: list[float] = []  # when the producer was last fenced
+        self._fences = FenceCount(self.transactional_id)
         self._producer_wanted = False  # a new producer must start before records are handled again
         self._consumer: AIOKafkaConsumer | None = None
         self._table: TaskTable | None = None
@@ -286,12 +285,10 @@ class Worker:
                 await self._cycle()
             clean = True
         except KafkaError as exc:
-            if self.settings.instance_id is None or not internals.fenced_instance(exc):
+            taken = instance_taken(self.settings, exc)
+            if taken is None:
                 raise
-            raise InstanceIdTakenError(
-                f"another worker joined group {self.settings.group} with --instance-id {self.settings.instance_id} "
-                "and took this one's place; two live workers must not share an instance id"
-            ) from None
+            raise taken from None
         finally:
             await self._shutdown(commit=clean)
 
@@ -335,23 +332,10 @@ class Worker:
         if outcome.reread_limits:
             await self._require(self._limits).reread()
         if outcome.replace_producer:
-            if outcome.rejoin:
-                self._count_fence()
+            if outcome.rejoin and (stop := self._fences.fenced()) is not None:
+                table.fail(stop)  # fenced again and again: another process has this transactional id
             self._producer_wanted = True
             await self._replace_producer()
-
-    def _count_fence(self) -> None:
-        """A producer fenced again and again means another process has this worker's transactional id."""
-        now = time.monotonic()
-        self._fences = [at for at in self._fences if now - at < FENCE_WINDOW_S] + [now]
-        if len(self._fences) >= FENCES_ALLOWED:
-            self._require(self._table).fail(
-                ProducerFencedError(
-                    f"the producer was fenced {len(self._fences)} times in {FENCE_WINDOW_S:g}s: another process "
-                    f"uses transactional id {self.transactional_id} (the same --instance-id, or the same host "
-                    "and state dir)"
-                )
-            )
 
     async def _replace_producer(self) -> bool:
         """Start a new producer in place of one fenced or unusable; False while it cannot start yet."""

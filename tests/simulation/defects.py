@@ -328,9 +328,9 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         "a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error",
         [
             (
-                "worker/loop.py",
-                "            if self.settings.instance_id is None or not internals.fenced_instance(exc):",
-                "            if True:",
+                "worker/identity.py",
+                "    if settings.instance_id is None or not internals.fenced_instance(exc):",
+                "    if True:",
             ),
         ],
     ),

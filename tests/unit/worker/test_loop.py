@@ -32,13 +32,15 @@ from pipeline.errors import (
 from pipeline.state.directory import store_path
 from pipeline.state.store import PartitionStore, bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.worker import identity as identity_module
 from pipeline.worker import loop as loop_module
 from pipeline.worker import opening as opening_module
 from pipeline.worker.assignor import decode_claim
 from pipeline.worker.executor import TaskExecutor
 from pipeline.worker.fetch import LoopFetch
+from pipeline.worker.identity import FENCE_WINDOW_S, FENCES_ALLOWED
 from pipeline.worker.lifecycle import PartitionState
-from pipeline.worker.loop import FENCE_WINDOW_S, FENCES_ALLOWED, Worker
+from pipeline.worker.loop import Worker
 from pipeline.worker.pacing import poll_ms
 from pipeline.worker.task import ActiveTask
 
@@ -895,7 +897,7 @@ async def test_five_fences_within_the_window_stop_the_worker_naming_the_transact
     """Five fences within 60 s stop the worker with one line naming its transactional id; five spread over
     exactly 60 s (15 s apart) never add up, and the sixth commit goes through."""
     clock = iter(1000.0 + apart * i for i in range(100))
-    monkeypatch.setattr(loop_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(identity_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
     w.producer.fail["commit"].extend(ProducerFenced() for _ in range(FENCES_ALLOWED))
     if fails:
