@@ -21,7 +21,7 @@ records contain it): a copy of the same key may lend its refusals, which only we
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,7 +51,9 @@ def _size(record: Record) -> int:
     return len(record.key or b"") + len(record.value or b"") + headers
 
 
-def refused(topic: str, produced: ProducedBatch, kind: str, *, limit: int, outside: Any) -> list[Refusal]:
+def refused(
+    topic: str, produced: ProducedBatch, kind: str, *, limit: int, outside: Callable[[int], bool]
+) -> list[Refusal]:
     """The records of ``produced`` (refused for ``kind``) to blame.
 
     Those refused alone too; else, when they all share one key (the outputs of one consumed record

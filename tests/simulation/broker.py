@@ -32,6 +32,7 @@ on the simulation's loop; nothing here belongs to a process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import uuid
 from collections import deque
@@ -461,7 +462,7 @@ class Broker:
                         produced,
                         kind,
                         limit=config.max_message_bytes,
-                        outside=lambda timestamp, now=now_ms: config.refuses_timestamp(timestamp, now),
+                        outside=functools.partial(config.refuses_timestamp, now_ms=now_ms),
                     )
                 )
             if error:
