@@ -28,6 +28,10 @@ from tests.simulation.workload import PLAIN_EVENT, SIM_ID, Delivery, Workload
 REASON = "handler-error"
 ALWAYS = b'"sim_fault":"always"'
 UNTIL_FIX = b'"sim_fault":"until-fix"'
+#: How far ahead of the clock some records the handler fails on are dated: inside the worker's
+#: default skew horizon (an hour), outside the DLQ topic's bound after a timestamp refuse-outputs fault.
+AHEAD_MS = (25 * 60_000, 50 * 60_000)
+DLQ_AFTER_MS = 20 * 60_000
 
 
 class FaultyHandler(Classifier):
@@ -56,9 +60,17 @@ def faulty(*, fixed: bool) -> ClassifierFactory:
     return build
 
 
-def add_records(rng: Random, load: Workload, seed: int, *, fixable: bool) -> None:
+def add_records(
+    rng: Random, load: Workload, seed: int, *, fixable: bool, ahead: Random | None = None
+) -> None:
     """Events the handler fails on: a few keys always, and with ``fixable`` (a redrive plan) a few until the fix;
-    each sent one to three times, on its key's partition."""
+    each sent one to three times, on its key's partition.
+
+    With ``ahead`` (its own draws, so that the others stay as they were), some of the keys that always fail
+    are dated :data:`AHEAD_MS` ahead of the clock: inside the worker's skew horizon, so the handler runs
+    and fails, but outside a DLQ topic bound a ``refuse-outputs`` fault sets mid-run
+    (:data:`DLQ_AFTER_MS`). Their DLQ record is then refused for its timestamp, and must be redone
+    stamped with the current time (:meth:`pipeline.worker.poison.PoisonTracker.commit_failed`)."""
     extra: list[Delivery] = []
     end = max(load.duration, 1.0)
     kinds = [("h", ALWAYS)] + ([("u", UNTIL_FIX)] if fixable else [])
@@ -66,6 +78,11 @@ def add_records(rng: Random, load: Workload, seed: int, *, fixable: bool) -> Non
         for i in range(rng.randint(2, 6)):
             key = f"stripe:evt_{seed}_{prefix}{i}"
             first = rng.uniform(0, end)
+            skew = (
+                ahead.randint(*AHEAD_MS)
+                if ahead is not None and mark == ALWAYS and ahead.random() < 0.5
+                else 0
+            )
             for c in range(rng.choice((1, 1, 2, 3))):
                 sim_id = f"{prefix}{i}.{c}"
                 body = orjson.dumps({"id": key.split(":", 1)[1], "type": PLAIN_EVENT, "pending_webhooks": c})
@@ -78,7 +95,7 @@ def add_records(rng: Random, load: Workload, seed: int, *, fixable: bool) -> Non
                         key=key.encode(),
                         value=body,
                         headers=[("source", b"stripe"), (SIM_ID, sim_id.encode())],
-                        timestamp_skew_ms=0,
+                        timestamp_skew_ms=skew,
                         event_key=key,
                         effect_key=None,
                         poison=REASON if mark == ALWAYS else None,

@@ -149,7 +149,7 @@ class Scenario:
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None
-            handlers.add_records(rng, load, seed, fixable=fixable)
+            handlers.add_records(rng, load, seed, fixable=fixable, ahead=_apart(seed, 10))
             if self.redrive is not None:
                 self.redrive = replace(self.redrive, causes=(*self.redrive.causes, redrive_module.HANDLER))
 

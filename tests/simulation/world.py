@@ -624,6 +624,8 @@ class World:
             if fault.detail == "timestamps":
                 for name in (topics.audit, topics.dlq, topics.changelog, *self.topology.command_topics()):
                     self.broker.topics[name].config.timestamp_after_max_ms = 3_600_000
+                # tighter on the DLQ topic: the DLQ record of a record dated ahead is refused (handlers.AHEAD_MS)
+                self.broker.topics[topics.dlq].config.timestamp_after_max_ms = handlers.DLQ_AFTER_MS
             else:
                 self.broker.topics[topics.commands].config.max_message_bytes = 700
                 self.broker.topics[topics.commands].reconfigured = True
