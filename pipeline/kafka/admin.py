@@ -62,10 +62,12 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     # a producer whose clock runs ahead must not be refused (Kafka 4 refuses records more than an
     # hour ahead by default): the worker handles such records at its own bound (--max-clock-skew)
     accept_any_time = plain | {"message.timestamp.after.max.ms": str(NO_LIMIT_MS)}
+    # a keyless input record has a keyless audit and DLQ record, which a compacted topic refuses
+    deleted = plain | {"cleanup.policy": "delete"}
     specs = [
         TopicSpec(topics.input, count, replication, accept_any_time),
-        TopicSpec(topics.audit, count, replication, plain),
-        TopicSpec(topics.dlq, count, replication, plain),
+        TopicSpec(topics.audit, count, replication, deleted),
+        TopicSpec(topics.dlq, count, replication, deleted),
         TopicSpec(topics.changelog, count, replication, changelog),
     ]
     specs += [TopicSpec(name, count, replication, plain) for name in topology.command_topics()]
@@ -352,8 +354,8 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
     """Every topic the worker reads or writes: its partition count, largest record and timestamp
     bounds, with the cluster id and the topic ids, over one admin connection.
 
-    Raises :class:`ConfigError` when a topic is missing or a changelog's
-    partition count differs from its source topic's.
+    Raises :class:`ConfigError` when a topic is missing, a changelog's
+    partition count differs from its source topic's, or the audit or DLQ topic is compacted.
     """
     topics = topology.topics
     names = [topics.input, topics.audit, topics.dlq, topics.changelog, *topology.command_topics()]
@@ -378,6 +380,14 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
                 )
         configs = await _read_configs(admin, names)
         ids = await cluster_ids(admin, names)
+    for name in (topics.audit, topics.dlq):
+        if "compact" in configs.get(name, {}).get("cleanup.policy", ""):
+            raise ConfigError(
+                f"topic {name} has cleanup.policy={configs[name]['cleanup.policy']}: the worker writes the "
+                "audit and DLQ records of a keyless input record without a key, which a compacted topic "
+                "refuses (and compaction would drop DLQ records before their replay); set it to delete "
+                "(`pipeline topics create` does)"
+            )
     limits = {}
     bounds = {}
     for name in names:

@@ -35,6 +35,7 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
+from pipeline.kafka.internals import InvalidRecordError
 from pipeline.worker.stage import Poison
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ RECORD_ERRORS = (
     CorruptRecordException,
     InvalidTimestampError,
     InvalidTopicError,
+    InvalidRecordError,  # INVALID_RECORD, taught to aiokafka: a keyless record on a compacted topic
 )
 # Of those, what a topic's limit refuses: a limit lowered since the worker read it
 SIZE_ERRORS = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)

@@ -40,6 +40,9 @@ ruff's private-member rule keeps it that way.
 - :func:`know_fenced_instance_id` and :func:`fenced_instance`: FENCED_INSTANCE_ID (KIP-345) added
   to aiokafka's error table, which lacks it, and found again in the ``KafkaError`` its group
   coordinator wraps it in (two workers with one ``--instance-id``).
+- :func:`know_invalid_record`: INVALID_RECORD (KIP-467) added to aiokafka's error table, so that a
+  record the broker refuses as invalid (a keyless record on a compacted topic) is named and
+  isolated like the other refusals a record causes (:mod:`pipeline.worker.poison`).
 - :func:`kafka_client`: the ``AIOKafkaClient`` under a consumer or an admin client (fencing a
   transactional id without a producer: :mod:`pipeline.kafka.fencing`).
 """
@@ -61,8 +64,10 @@ from pipeline.kafka.internals.fetch import RawFetch, fetch_raw, force_metadata_u
 from pipeline.kafka.internals.group_offsets import send_offsets_with_group_metadata
 from pipeline.kafka.internals.producer import (
     DEAD_PRODUCER_ERRORS,
+    InvalidRecordError,
     abort_would_be_local,
     batch_builder,
+    know_invalid_record,
     sender_dead,
     sender_failure,
     sender_task,
@@ -73,6 +78,7 @@ __all__ = [
     "DEAD_PRODUCER_ERRORS",
     "ClusterIds",
     "FencedInstanceIdError",
+    "InvalidRecordError",
     "RawFetch",
     "abort_would_be_local",
     "admin_request",
@@ -87,6 +93,7 @@ __all__ = [
     "group_request",
     "kafka_client",
     "know_fenced_instance_id",
+    "know_invalid_record",
     "log_end",
     "read_committed_before_start",
     "request_rejoin",

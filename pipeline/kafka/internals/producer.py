@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import IllegalOperation
+from aiokafka import errors as aiokafka_errors
+from aiokafka.errors import BrokerResponseError, IllegalOperation
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionState
@@ -15,6 +16,24 @@ from aiokafka.producer.transaction_manager import TransactionState
 #: machine asserts its transitions (``AssertionError``), and a send outside a transaction is refused
 #: (``IllegalOperation``). Catch these only around a producer call, meaning "this producer is done".
 DEAD_PRODUCER_ERRORS: tuple[type[Exception], ...] = (AssertionError, IllegalOperation)
+
+
+class InvalidRecordError(BrokerResponseError):  # type: ignore[misc]  # aiokafka.errors is untyped
+    """INVALID_RECORD (KIP-467), which aiokafka 0.14 does not know: the broker refused a record it
+    validates, most often one without a key on a compacted topic. It refuses that record every time."""
+
+    errno = 87
+    message = "INVALID_RECORD"
+    description = "the broker refused a record as invalid (a record without a key on a compacted topic?)"
+
+    def __repr__(self) -> str:
+        return f"InvalidRecordError({self.description!r})"
+
+
+def know_invalid_record() -> None:
+    """Teach aiokafka's error table INVALID_RECORD: its sender fails a batch the broker refused with a
+    code it does not know with ``UnknownError()``, which names neither the record nor the cause."""
+    aiokafka_errors.kafka_errors.setdefault(InvalidRecordError.errno, InvalidRecordError)
 
 
 def shorten_concurrent_transactions_wait(seconds: float) -> None:

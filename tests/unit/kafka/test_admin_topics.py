@@ -273,15 +273,15 @@ async def test_another_error_while_in_use_passes_through_and_the_client_is_close
 
 
 def test_the_specs_are_every_topic_of_the_topology_with_its_count_replication_and_configs() -> None:
-    """Input (any timestamp), audit, DLQ, changelog (compacted and deleted after the largest TTL plus a day)
+    """Input (any timestamp), audit and DLQ (deleted, never compacted), changelog (compacted and deleted after the largest TTL plus a day)
     and each command topic (sorted), all with the topology's count and replication and the 4 MiB limit;
     no effect topics without an effect route."""
     plain = {"max.message.bytes": MAX}
     three_days_ms = str(3 * 86_400_000)  # the 2-day TTL plus the 1-day margin
     assert topic_specs(shop()) == [
         TopicSpec("shop.in", 3, 2, plain | {"message.timestamp.after.max.ms": LONG_MAX}),
-        TopicSpec("shop.audit", 3, 2, plain),
-        TopicSpec("shop.dlq", 3, 2, plain),
+        TopicSpec("shop.audit", 3, 2, plain | {"cleanup.policy": "delete"}),
+        TopicSpec("shop.dlq", 3, 2, plain | {"cleanup.policy": "delete"}),
         TopicSpec(
             "shop-seen-changelog",
             3,
@@ -928,6 +928,21 @@ async def test_each_topics_limit_is_its_own_up_to_the_pipelines_and_the_pipeline
         "shop-effects": 0,
         "shop-effects-changelog": MAX_MESSAGE_BYTES,  # absent
     }
+
+
+@pytest.mark.parametrize(("topic", "policy"), [("shop.audit", "compact"), ("shop.dlq", "compact,delete")])
+async def test_a_compacted_audit_or_dlq_topic_stops_the_worker_at_start_naming_it(
+    make_broker: MakeBroker, topic: str, policy: str
+) -> None:
+    """The audit and DLQ records of a keyless input record have no key, which a compacted topic refuses: the
+    layout refuses such a topic with one line naming it and the fix, before any record is handled."""
+    broker = make_broker()
+    serve(broker, SHOP_NAMES)
+    broker.topics[topic].configs["cleanup.policy"] = policy
+    with pytest.raises(ConfigError) as raised:
+        await topic_layout(BOOT, shop())
+    assert str(raised.value).startswith(f"topic {topic} has cleanup.policy={policy}: ")
+    assert "pipeline topics create" in str(raised.value)
 
 
 async def test_timestamp_bounds_are_reported_only_for_the_topics_that_bound_them(

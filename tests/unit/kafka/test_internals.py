@@ -532,3 +532,22 @@ def test_aiokafka_knows_no_fenced_instance_id_until_told_and_wraps_the_groups_er
     source = inspect.getsource(coordinator_module)
     assert source.count("raise Errors.KafkaError(repr(err))") == 2
     assert "Unexpected exception in heartbeat task: {error_type()!r}" in source
+
+
+def test_aiokafka_knows_no_invalid_record_until_told_and_its_sender_fails_a_batch_with_the_codes_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiokafka 0.14 maps code 87 to UnknownError; once told, to InvalidRecordError, not retriable, which its
+    sender raises for a refused batch as ``error()`` (what the worker's bisection then isolates)."""
+    import aiokafka.errors as aiokafka_errors  # noqa: PLC0415
+    from aiokafka.producer import sender as sender_module  # noqa: PLC0415
+
+    monkeypatch.setattr(aiokafka_errors, "kafka_errors", dict(aiokafka_errors.kafka_errors))
+    assert aiokafka_errors.for_code(87) is aiokafka_errors.UnknownError
+    internals.know_invalid_record()
+    assert aiokafka_errors.for_code(87) is internals.InvalidRecordError
+    assert not internals.InvalidRecordError.retriable
+    assert "compacted topic" in repr(internals.InvalidRecordError())
+    source = inspect.getsource(sender_module)
+    assert "error = Errors.for_code(error_code)" in source
+    assert "exc = error()" in source

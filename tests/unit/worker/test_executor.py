@@ -11,6 +11,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
 from pipeline.errors import GroupGenerationFencedError
+from pipeline.kafka.internals import InvalidRecordError
 
 from .fakes import TOPICS, Harness, Sent, keys_for, records, tp
 
@@ -66,23 +67,25 @@ async def test_a_record_that_raises_aborts_every_partition_which_redoes_once(
     assert harness.producer.calls.count("abort") == 1  # the other partition redid its records once
 
 
-def _refuse(key: str) -> object:
+def _refuse(key: str, error: type[BaseException] = MessageSizeTooLargeError) -> object:
     def refuse(sent: list[Sent]) -> BaseException | None:
         hit = any(s.topic == TOPICS.commands and s.key == key.encode() for s in sent)
-        return MessageSizeTooLargeError() if hit else None
+        return error() if hit else None
 
     return refuse
 
 
+@pytest.mark.parametrize("error", [MessageSizeTooLargeError, InvalidRecordError])
 async def test_a_refusal_a_record_causes_in_a_transaction_of_two_partitions_finds_the_record_alone(
-    harness: Harness,
+    harness: Harness, error: type[BaseException]
 ) -> None:
-    """The broker refuses a transaction of two partitions for one record's size: each partition then commits alone
-    in turn, the one holding the record bisects until it goes to the DLQ, and the other partition's records commit."""
+    """The broker refuses a transaction of two partitions for one record (its size, or INVALID_RECORD: a keyless
+    record on a compacted topic, which was redone whole for ever): each partition then commits alone in turn, the
+    one holding the record bisects until it goes to the DLQ, and the other partition's records commit."""
     await harness.open(0)
     await harness.open(1)
     bad = B[2]
-    harness.producer.fail_commit_if = _refuse(bad)  # type: ignore[assignment]
+    harness.producer.fail_commit_if = _refuse(bad, error)  # type: ignore[assignment]
     logs = {0: records(0, 0, A[:4]), 1: records(1, 0, B[:4])}
     positions = {0: 0, 1: 0}
     for _ in range(40):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import InvalidTimestampError, RecordTooLargeError
 
+from pipeline.kafka.internals import InvalidRecordError
 from pipeline.worker.poison import RESTAMP, UNPRODUCIBLE, PoisonTracker
 from pipeline.worker.stage import HandlerFailedError, Poison
 
@@ -69,6 +70,20 @@ def test_a_record_refused_alone_goes_to_the_dlq_with_the_brokers_error() -> None
     assert tracker.commit_failed(10, 1, refused) is None
     assert _limit(tracker) == 1
     assert tracker.poison == {10: Poison(UNPRODUCIBLE, f"the broker refused its outputs: {refused!r}")}
+
+
+def test_a_record_the_broker_refuses_as_invalid_is_isolated_and_goes_to_the_dlq() -> None:
+    """INVALID_RECORD (a keyless record on a compacted topic) is a refusal a record causes: the batch is
+    bisected and the record alone goes to the DLQ naming the cause, instead of the batch being redone forever."""
+    tracker = PoisonTracker("raw-0")
+    refused = InvalidRecordError()
+    tracker.commit_failed(10, 2, refused)
+    tracker.commit_failed(10, 2, refused)
+    assert _limit(tracker) == 1
+    assert tracker.commit_failed(10, 1, refused) is None
+    error = tracker.poison[10].error
+    assert tracker.poison[10].reason == UNPRODUCIBLE
+    assert "a record without a key on a compacted topic" in error
 
 
 def test_a_record_refused_alone_for_its_timestamp_is_first_redone_stamped_now() -> None:
