@@ -6,6 +6,9 @@ Two ways a record becomes poison:
 - the broker refuses the transaction's outputs with a non-retriable error, and
   the same failure repeats from the same offset: the transaction is *bisected*
   (each redo holds half as many records) until the record that fails is alone.
+  Alone, it is judged only once the same failure repeats from it too: a one-off
+  refusal (``CORRUPT_MESSAGE``, a bit flipped on the wire) never makes a record poison
+  or stops the partition (poison seed 6 of the simulation).
   Refused for its timestamp, that record is first redone with its outputs stamped
   with the current time (``restamp``); refused again, or for any other reason, it
   goes to the DLQ (``unproducible``), with the broker's error. Its DLQ record
@@ -85,8 +88,11 @@ class PoisonTracker:
         saying so: the partition cannot go on.
         """
         what = type(cause).__name__
-        if self.limit is None and self._failed_at != (start, what):
-            self._failed_at = (start, what)  # once may be chance: redo the same batch
+        again, self._failed_at = self._failed_at == (start, what), (start, what)
+        if not again and (self.limit is None or count == 1):
+            # once may be chance (a bit flipped on the wire): redo the same records before a batch is
+            # bisected, and before one record alone is judged (restamped, dead-lettered, or the end);
+            # halving a batch already bisected needs no second look
             return None
         if self.limit is None:
             self._until, self._span = start + count, count

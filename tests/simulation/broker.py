@@ -76,6 +76,10 @@ UNSTABLE_OFFSET_COMMIT = 88
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_PARTITIONS = 37
 GROUP_AUTHORIZATION_FAILED = 30
+CORRUPT_MESSAGE = 2
+CORRUPT_APART_S = (
+    5.0  # a corrupt refusal of a producer at most this often: the redo of the one before is taken
+)
 
 NO_LIMIT = 2**63 - 1
 DEFAULT_TXN_TIMEOUT_S = 60.0
@@ -360,6 +364,9 @@ class Broker:
         self.owner_violations: list[str] = []
         self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
         self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
+        self.corrupted_at: dict[
+            str, float
+        ] = {}  # transactional id -> when a produce of it was last refused as corrupt
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -374,6 +381,7 @@ class Broker:
                     ("producer-fatal", "end-txn"): INVALID_TXN_STATE,
                     ("commit-refused", "offsets"): GROUP_AUTHORIZATION_FAILED,
                     ("commit-refused", "end-txn-retry"): COORDINATOR_NOT_AVAILABLE,
+                    ("corrupt", "produce"): CORRUPT_MESSAGE,
                 }[(fault, wanted)]
                 self.trace(f"broker: {txn_id}: {detail} answered with error {code} (injected)")
                 return code
@@ -450,6 +458,10 @@ class Broker:
                 )
                 if error:
                     return error, -1
+                error = self._corrupt(produced.producer_id)
+                if error:
+                    self.trace(f"broker: produce {topic}-{partition} refused as corrupt (injected)")
+                    return error, -1
             now_ms = self.now_ms()
             error, base = log.append(produced, config, now_ms)
             if error == MESSAGE_TOO_LARGE:
@@ -472,6 +484,17 @@ class Broker:
             if first_base < 0:
                 first_base = base
         return NONE, first_base
+
+    def _corrupt(self, pid: int) -> int:
+        """CORRUPT_MESSAGE when a corrupt fault waits for ``pid``'s transactional id (and none hit it lately)."""
+        txn = next((t for t in self.txns.values() if t.pid == pid), None)
+        if txn is None or not any(f == "corrupt" and t == txn.txn_id for f, _, t in self.injected):
+            return NONE
+        error = self._injected("produce", txn.txn_id)
+        if self.now() - self.corrupted_at.get(txn.txn_id, -CORRUPT_APART_S) < CORRUPT_APART_S:
+            return NONE  # two flipped bits in a row on one producer: not this model's network
+        self.corrupted_at[txn.txn_id] = self.now()
+        return error
 
     def _check_txn_partition(self, pid: int, epoch: int, topic: str, partition: int) -> int:
         """KIP-890's check: a transactional batch belongs to its producer's open transaction."""

@@ -324,6 +324,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    27: (
+        "a record alone judged on its first refusal: a one-off CORRUPT_MESSAGE stops the partition or dead-letters it",
+        [
+            (
+                "worker/poison.py",
+                "        if not again and (self.limit is None or count == 1):",
+                "        if not again and self.limit is None:",
+            ),
+        ],
+    ),
     26: (
         "a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error",
         [

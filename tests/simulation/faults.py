@@ -36,6 +36,9 @@ RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers r
 REVOKE_MID_OPEN = "revoke-mid-open"
 # a second process under a running worker's instance id, for ``duration`` seconds (the static mix)
 TWIN = "twin"
+# the broker refuses one produce request of a partition's worker as CORRUPT_MESSAGE, once (a bit flipped on the
+# wire: its CRC fails): the same records sent again are taken (the poison mix; drawn apart)
+CORRUPT = "corrupt"
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made

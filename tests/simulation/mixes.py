@@ -60,6 +60,7 @@ class Mix:
     handler: float = 0.0  # chance of records the handler fails on (tests/simulation/handlers.py)
     static: float = 0.0  # chance that the workers are static members (--instance-id, KIP-345)
     twin: float = 0.0  # with static members, chance of a second process under a running worker's instance id
+    corrupt: float = 0.0  # chance of one-off CORRUPT_MESSAGE refusals (faults.CORRUPT)
 
 
 MIXES: dict[str, Mix] = {
@@ -80,6 +81,7 @@ MIXES: dict[str, Mix] = {
             reconfigure=0.2,
             poison_per_key=0.25,
             handler=0.6,
+            corrupt=0.6,
             kinds={**dict.fromkeys(KINDS, 1.0), "refuse-outputs": 6.0, "disk": 2.0},
             small_limits=0.5,
         ),

@@ -146,6 +146,13 @@ class Scenario:
                 at = rng.uniform(1.0, duration)
                 twin = Fault(at, fault_module.TWIN, rng.randrange(self.workers), rng.uniform(2.0, 15.0))
                 self.faults = sorted([*self.faults, twin], key=lambda f: f.at)
+        rng = _apart(seed, 11)
+        if rng.random() < mix.corrupt:
+            corrupt = [
+                Fault(rng.uniform(1.0, duration), fault_module.CORRUPT, rng.randrange(self.partitions), 0.0)
+                for _ in range(rng.randint(1, 4))
+            ]
+            self.faults = sorted([*self.faults, *corrupt], key=lambda f: f.at)
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None

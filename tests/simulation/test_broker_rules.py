@@ -309,3 +309,26 @@ def test_a_static_member_joining_under_a_known_instance_id_replaces_the_member_t
         assert model.broker.heartbeat(GROUP, second["generation"], new, "w0") == b.NONE
 
     Model().run(scenario)
+
+
+def test_a_corrupt_fault_refuses_one_produce_of_its_transactional_id_and_never_two_within_five_seconds() -> (
+    None
+):
+    """An injected corrupt fault answers the next produce of its transactional id CORRUPT_MESSAGE, once; another
+    injected within 5 s of it is spent without a refusal (the redo of the refused records is taken), one later refuses."""
+
+    async def scenario(model: Model) -> None:
+        pid, _ = model.begin()
+        assert model.broker._corrupt(pid) == b.NONE  # nothing injected
+        model.broker.inject("corrupt", "produce", TXN)
+        assert model.broker._corrupt(pid) == b.CORRUPT_MESSAGE
+        assert model.broker._corrupt(pid) == b.NONE
+        model.broker.inject("corrupt", "produce", TXN)
+        await asyncio.sleep(b.CORRUPT_APART_S - 1)
+        assert model.broker._corrupt(pid) == b.NONE
+        assert model.broker.injected == []
+        await asyncio.sleep(2)
+        model.broker.inject("corrupt", "produce", TXN)
+        assert model.broker._corrupt(pid) == b.CORRUPT_MESSAGE
+
+    Model().run(scenario)

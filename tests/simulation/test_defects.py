@@ -57,8 +57,8 @@ CASES = [
     (
         24,
         "poison",
-        40,
-        "sim.raw-1@24 (s12) was restamped (original timestamp 1767225605163), but the broker refused",
+        43,
+        "sim.raw-0@48 (s21) was restamped (original timestamp 1767225609527), but the broker refused",
     ),
     # a record refused for its timestamp dead-lettered without a redo stamped now (tests/simulation/blame.py)
     (
@@ -69,6 +69,13 @@ CASES = [
     ),
     # a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error
     (26, "static", 2, "w0.1 exited on its own: exit 1: KafkaError('FencedInstanceIdError()')"),
+    # a record alone judged on its first refusal: a one-off corrupt refusal of a DLQ record stops the partition
+    (
+        27,
+        "poison",
+        6,
+        "cannot be written even to the DLQ (handler-error): the broker refused it: CorruptRecordException()",
+    ),
 ]
 
 

@@ -142,6 +142,10 @@ FOUND: dict[tuple[str, int], str] = {
         60247,
     ): "two rolling restarts of one worker and a rescale: the late restart started it under the rescale (the world's own)",
     (
+        "poison",
+        6,
+    ): "a one-off CORRUPT_MESSAGE of a poison record's DLQ record, mid-bisection, stopped the partition",
+    (
         "static",
         60020,
     ): "a worker and its twin took turns replacing each other until five fences stopped one (the world's own)",

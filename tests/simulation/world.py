@@ -614,6 +614,11 @@ class World:
         if kind == fault_module.STORM:
             self.broker.storm_until = self.loop.time() + fault.duration
             return
+        if kind == fault_module.CORRUPT:
+            txn_id = self._txn_of_partition(fault.target)
+            if txn_id is not None:
+                self.broker.inject(kind, "produce", txn_id)
+            return
         if kind in ("producer-fatal", "commit-refused"):
             txn_id = self._txn_of_partition(fault.target)
             if txn_id is not None:

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from aiokafka.errors import InvalidTimestampError, RecordTooLargeError
+from aiokafka.errors import CorruptRecordException, InvalidTimestampError, RecordTooLargeError
 
 from pipeline.kafka.internals import InvalidRecordError
 from pipeline.worker.poison import RESTAMP, UNPRODUCIBLE, PoisonTracker
@@ -103,8 +103,11 @@ def test_a_dlq_record_refused_for_its_timestamp_is_restamped_once_then_the_parti
     tracker.handler_failed(10, "handler-failed", "boom")
     tracker.limit = 1
     refused = InvalidTimestampError("still too old")
+    assert tracker.commit_failed(10, 1, refused) is None  # once may be chance
+    assert tracker.poison[10] == Poison("handler-failed", "boom")
     assert tracker.commit_failed(10, 1, refused) is None
     assert tracker.poison[10] == Poison("handler-failed", "boom", restamp=True)
+    assert tracker.commit_failed(10, 1, refused) is None
     line = tracker.commit_failed(10, 1, refused)
     assert (
         line
@@ -179,12 +182,40 @@ def test_the_error_a_poison_record_carries_is_cut_at_1000_characters() -> None:
     for tracker, cause in ((unproducible, refused), (restamped, timestamp)):
         tracker.limit = 1
         tracker.commit_failed(10, 1, cause)
+        tracker.commit_failed(10, 1, cause)
     dlq.handler_failed(10, "handler-failed", "boom")
     dlq.limit = 1
+    dlq.commit_failed(10, 1, refused)
     line = dlq.commit_failed(10, 1, refused)
     assert [len(unproducible.poison[10].error), len(restamped.poison[10].error), len(line or "")] == [
         1000
     ] * 3
+
+
+def test_a_one_off_refusal_of_a_record_alone_is_redone_before_it_is_judged() -> None:
+    """Bisecting, a record alone refused once (a bit flipped on the wire: CORRUPT_MESSAGE) is redone, not
+    dead-lettered, and a poison record's DLQ record refused once does not stop the partition (poison seed 6)."""
+    tracker = PoisonTracker("raw-0")
+    tracker.limit = 1
+    assert tracker.commit_failed(10, 1, CorruptRecordException()) is None
+    assert tracker.poison == {}
+    tracker.committed(11)
+    tracker.handler_failed(11, "handler-failed", "boom")
+    assert tracker.commit_failed(11, 1, CorruptRecordException()) is None
+    assert tracker.poison == {11: Poison("handler-failed", "boom")}
+    tracker.committed(12)
+    assert tracker.commit_failed(12, 1, InvalidTimestampError()) is None
+    assert tracker.commit_failed(12, 1, CorruptRecordException()) is None  # another failure: not a repeat
+    assert tracker.poison == {}
+
+
+def test_halving_a_batch_already_bisected_needs_no_second_look() -> None:
+    """While bisecting, a refused half is halved at once: only the judgement of a record alone waits for a repeat."""
+    tracker = PoisonTracker("raw-0")
+    tracker.limit = 4
+    tracker._until = 100
+    assert tracker.commit_failed(20, 4, RecordTooLargeError()) is None
+    assert _limit(tracker) == 2
 
 
 def test_a_handler_failure_says_which_offset_failed_and_how() -> None:
