@@ -149,7 +149,13 @@ class Scenario:
         rng = _apart(seed, 11)
         if rng.random() < mix.corrupt:
             corrupt = [
-                Fault(rng.uniform(1.0, duration), fault_module.CORRUPT, rng.randrange(self.partitions), 0.0)
+                Fault(
+                    rng.uniform(1.0, duration),
+                    fault_module.CORRUPT,
+                    rng.randrange(self.partitions),
+                    0.0,
+                    detail=rng.choice(("", "bisecting")),  # at once, or once a worker bisects (up to 15 s)
+                )
                 for _ in range(rng.randint(1, 4))
             ]
             self.faults = sorted([*self.faults, *corrupt], key=lambda f: f.at)

@@ -309,6 +309,19 @@ class World:
             return None
         return slot.worker.transactional_id
 
+    async def _bisecting(self, wait: float = 15.0) -> str | None:
+        """The transactional id of a worker bisecting a partition's refused records, once one does (within
+        ``wait`` seconds; None if none did): a one-off refusal aimed at a record being judged alone."""
+        deadline = self.loop.time() + wait
+        while self.loop.time() < deadline:
+            for slot in self.slots:
+                worker = slot.worker if slot.running else None
+                if worker is not None and any(t.poison.limit is not None for t in worker.tasks.values()):
+                    self.note(f"{slot.name} is bisecting: the corrupt fault aims at its producer")
+                    return worker.transactional_id
+            await asyncio.sleep(0.05)
+        return None
+
     def _owner_of(self, txn_id: str) -> Process | None:
         """The process the stable group assigns ``txn_id``'s partition to (None while it rebalances)."""
         group = self.broker.group(GROUP)
@@ -615,7 +628,8 @@ class World:
             self.broker.storm_until = self.loop.time() + fault.duration
             return
         if kind == fault_module.CORRUPT:
-            txn_id = self._txn_of_partition(fault.target)
+            txn_id = await self._bisecting() if fault.detail == "bisecting" else None
+            txn_id = txn_id or self._txn_of_partition(fault.target)
             if txn_id is not None:
                 self.broker.inject(kind, "produce", txn_id)
             return
