@@ -13,7 +13,8 @@
 - :class:`FakeGroup`, :class:`FakeReader`: the group coordinator's answers, and a
   changelog that is empty (its reads can wait at a gate).
 - :func:`fake_io`: all of them as the :class:`~pipeline.worker.io.WorkerIO` a worker is built
-  with; :class:`Harness`: tasks, the transaction and the executor without a loop.
+  with; :class:`Harness`: tasks, the transaction and the executor without a loop; :class:`Running`: a
+  started worker over them, and its ``run()`` as a task.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from pipeline.worker.context import PartitionContext
 from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.executor import Outcome, TaskExecutor
 from pipeline.worker.io import WorkerIO
+from pipeline.worker.lifecycle import PartitionState
+from pipeline.worker.loop import Worker
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.task import ActiveTask
@@ -775,3 +778,37 @@ class Harness:
         """Close every task (their stores released)."""
         for task in self.tasks.values():
             task.close()
+
+
+class Running:
+    """A started worker over fakes, and its ``run()`` as a task."""
+
+    def __init__(self, worker: Worker, clients: Clients) -> None:
+        self.worker = worker
+        self.clients = clients
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def consumer(self) -> FakeConsumer:
+        return self.clients.consumer
+
+    @property
+    def producer(self) -> FakeProducer:
+        """The worker's producer (the latest, after a replacement)."""
+        return self.clients.producers.latest()
+
+    def states(self) -> dict[int, PartitionState]:
+        return {t.partition: task.state for t, task in self.worker.tasks.items()}
+
+    def run(self) -> asyncio.Task[None]:
+        self.task = asyncio.create_task(self.worker.run())
+        return self.task
+
+    async def stop(self) -> None:
+        """A clean stop (SIGTERM): run() returns."""
+        self.worker.stop()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 5)
+
+
+Starter = Callable[..., Any]
