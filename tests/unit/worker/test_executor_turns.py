@@ -3,15 +3,19 @@ itself, takes turns with the others as records keep coming, and a transaction is
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .fakes import Harness, keys_for, records, tp
 
 A, B, C = keys_for(0, 12), keys_for(1, 12), keys_for(2, 12)
+# caught-up policy, 30 s to commit a transaction not caught up (the test sets the linger)
+CAUGHT_UP = {"commit_policy": "caught-up", "commit_interval": 30.0, "transaction_timeout": 60.0}
 
 
 @pytest.fixture
@@ -23,6 +27,19 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 def _held(h: Harness) -> list[int]:
     return sorted(where.partition for where in h.txn.parts)
+
+
+@contextlib.asynccontextmanager
+async def _handled(tmp_path: Path, overrides: dict[str, Any], count: int = 2) -> AsyncIterator[Harness]:
+    """Partition 0 open under ``overrides``, its first ``count`` records handled into the open transaction."""
+    h = Harness(tmp_path, overrides)
+    try:
+        await h.open(0)
+        h.feed(records(0, 0, A[:count]))
+        await h.work()
+        yield h
+    finally:
+        h.close()
 
 
 async def test_while_a_bisecting_partitions_transaction_is_open_the_others_wait_for_the_next(
@@ -100,14 +117,13 @@ async def test_a_transaction_is_due_once_it_holds_max_batch_records_not_before(
     tmp_path: Path, count: int, *, due: bool
 ) -> None:
     """max_batch 3: a transaction of 2 records waits for its interval, one of 3 is due now (0 s from now)."""
-    h = Harness(
-        tmp_path,
-        {"max_batch": 3, "commit_policy": "interval", "commit_interval": 30.0, "transaction_timeout": 60.0},
-    )
-    try:
-        await h.open(0)
-        h.feed(records(0, 0, A[:count]))
-        await h.work()
+    interval = {
+        "max_batch": 3,
+        "commit_policy": "interval",
+        "commit_interval": 30.0,
+        "transaction_timeout": 60.0,
+    }
+    async with _handled(tmp_path, interval, count) as h:
         assert h.executor.due(h.tasks) is due
         due_in = h.executor.due_in(h.tasks)
         assert due_in is not None
@@ -115,8 +131,6 @@ async def test_a_transaction_is_due_once_it_holds_max_batch_records_not_before(
             assert due_in == 0.0
         else:
             assert 29.0 < due_in <= 30.0
-    finally:
-        h.close()
 
 
 async def test_a_transaction_not_caught_up_waits_out_the_commit_interval_counted_from_its_opening(
@@ -124,19 +138,7 @@ async def test_a_transaction_not_caught_up_waits_out_the_commit_interval_counted
 ) -> None:
     """Policy caught-up, but the partition has more to fetch: due at the commit interval, not the linger; the
     time left shrinks as the transaction ages, and it is due once the interval has passed."""
-    h = Harness(
-        tmp_path,
-        {
-            "commit_policy": "caught-up",
-            "commit_linger": 0.02,
-            "commit_interval": 30.0,
-            "transaction_timeout": 60.0,
-        },
-    )
-    try:
-        await h.open(0)
-        h.feed(records(0, 0, A[:2]))
-        await h.work()
+    async with _handled(tmp_path, {**CAUGHT_UP, "commit_linger": 0.02}) as h:
         h.task().caught_up = False
         due_in = h.executor.due_in(h.tasks)
         assert due_in is not None
@@ -147,38 +149,24 @@ async def test_a_transaction_not_caught_up_waits_out_the_commit_interval_counted
         assert 9.0 < due_in <= 10.0
         h.txn.opened_at = time.monotonic() - 31.0
         assert h.executor.due(h.tasks)
-    finally:
-        h.close()
 
 
 async def test_a_caught_up_transaction_due_now_for_its_size_does_not_linger(tmp_path: Path) -> None:
     """Caught up, but at max_batch (due in 0 s, not later): it commits now, it does not wait out its linger."""
-    h = Harness(tmp_path, {"max_batch": 2, "commit_policy": "caught-up", "commit_linger": 5.0})
-    try:
-        await h.open(0)
-        h.feed(records(0, 0, A[:2]))
-        await h.work()
+    async with _handled(tmp_path, {"max_batch": 2, "commit_policy": "caught-up", "commit_linger": 5.0}) as h:
         h.task().caught_up = True
         assert h.executor.due_in(h.tasks) == 0.0
         assert not h.executor.lingering(h.tasks)
-    finally:
-        h.close()
 
 
 async def test_a_transaction_due_in_half_a_second_is_not_due_yet(tmp_path: Path) -> None:
     """Caught up with a linger of half a second: lingering, not due, until the half second has passed."""
-    h = Harness(tmp_path, {"commit_policy": "caught-up", "commit_linger": 0.5})
-    try:
-        await h.open(0)
-        h.feed(records(0, 0, A[:2]))
-        await h.work()
+    async with _handled(tmp_path, {"commit_policy": "caught-up", "commit_linger": 0.5}) as h:
         h.task().caught_up = True
         assert h.executor.lingering(h.tasks)
         assert not h.executor.due(h.tasks)
         h.txn.opened_at -= 0.5
         assert h.executor.due(h.tasks)
-    finally:
-        h.close()
 
 
 async def test_suspects_no_longer_served_here_are_forgotten(harness: Harness) -> None:
@@ -194,22 +182,8 @@ async def test_suspects_no_longer_served_here_are_forgotten(harness: Harness) ->
 async def test_a_task_never_yet_marked_caught_up_does_not_make_its_transaction_linger(tmp_path: Path) -> None:
     """Policy caught-up, a task just opened that handled records but was never told it is caught up: its
     transaction waits the commit interval, it does not linger as if nothing more were coming."""
-    h = Harness(
-        tmp_path,
-        {
-            "commit_policy": "caught-up",
-            "commit_linger": 0.5,
-            "commit_interval": 30.0,
-            "transaction_timeout": 60.0,
-        },
-    )
-    try:
-        await h.open(0)
-        h.feed(records(0, 0, A[:2]))
-        await h.work()
+    async with _handled(tmp_path, {**CAUGHT_UP, "commit_linger": 0.5}) as h:
         assert not h.executor.lingering(h.tasks)
         due_in = h.executor.due_in(h.tasks)
         assert due_in is not None
         assert due_in > 1.0
-    finally:
-        h.close()
