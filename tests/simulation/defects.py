@@ -334,6 +334,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    28: (
+        "a standby's store opened without its partition's identity: after a restart it claims nothing and is wiped",
+        [
+            (
+                "worker/standbys.py",
+                "            identity=self.identity(tp),\n            path=self._path(tp),",
+                "            identity=None,\n            path=self._path(tp),",
+            ),
+        ],
+    ),
     26: (
         "a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error",
         [

@@ -69,6 +69,13 @@ CASES = [
     ),
     # a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error
     (26, "static", 2, "w0.1 exited on its own: exit 1: KafkaError('FencedInstanceIdError()')"),
+    # a standby's store opened without its identity: a restarted worker's store claims nothing (tests/simulation/world.py)
+    (
+        28,
+        "standby",
+        0,
+        "w2.2 found a store it wrote without its identity: store <state>/w2/sim/sim/sim.raw-3",
+    ),
     # a record alone judged on its first refusal: a one-off corrupt refusal of a DLQ record stops the partition
     (
         27,

@@ -130,8 +130,11 @@ class _TraceHandler(logging.Handler):
         self.world.note(f"{who} {record.levelname[0]} {name}: {message}")
         if record.exc_info and record.levelno >= logging.ERROR and record.name.startswith("pipeline."):
             self.world.unexpected(who, f"{who} logged an unexpected error in {name}: {message[:600]}")
+        elif NO_IDENTITY in message:  # a worker writes a store's identity as it creates it: never legitimate
+            self.world.unexpected(who, f"{who} found a store it wrote without its identity: {message[:600]}")
 
 
+NO_IDENTITY = "has data but no identity"  # pipeline.state.store_meta: a store the world never plants
 UNEXPECTED_KEPT = 3  # of one process's unexpected errors, the first few are problems
 STEPS = 400_000  # callbacks a run may take before it counts as a livelock
 STEPS_PER_OUTAGE_S = 4_000  # and more per second of broker outage, where every client retries all along
