@@ -110,6 +110,7 @@ class Standby:
             "position": self.position,
             "lag_records": self.lag_records,
             "lag_seconds": round(self.lag_seconds(now), 3),
+            "replayed": self.applied,  # records replayed since it started (the worker's counter sums all)
         }
 
     def start(self) -> None:

@@ -344,6 +344,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    29: (
+        "a standby's replayed records never counted: pipeline_standby_records_total stays 0",
+        [
+            (
+                "worker/standbys.py",
+                "            on_applied=self.context.metrics.standby_records.inc,\n        )",
+                "        )",
+            ),
+        ],
+    ),
     26: (
         "a worker pushed out of its group by a twin under its instance id exits with aiokafka's unreadable error",
         [

@@ -1,4 +1,5 @@
-"""At the end of a run, every standby is warm: the promise that makes a promotion replay only the tail.
+"""At the end of a run, every standby is warm: the promise that makes a promotion replay only the tail; and
+each worker's standby counter counts what its standbys replayed.
 
 The group's leader gives each member standby partitions (in the assignment's user_data). Once the run
 has settled, each running worker must hold a standby of every partition its assignment gives it as one,
@@ -86,7 +87,25 @@ async def standbys_warm(world: World) -> list[str]:
     while True:
         cold = [why for given in _given(world) if (why := _cold(world, given)) is not None]
         if not cold:
-            return []
+            return _uncounted(world)
         if world.loop.time() > deadline:
             return [f"not warm {WARM_LIMIT_S:.0f}s after the run settled: {why}" for why in cold[:5]]
         await asyncio.sleep(0.5)
+
+
+def _uncounted(world: World) -> list[str]:
+    """Each running worker's ``pipeline_standby_records_total`` counts at least what its standbys say they
+    replayed (the counter also counts standbys since closed): the metric an operator watches is told."""
+    problems = []
+    for slot in world.slots:
+        worker = slot.worker if slot.running else None
+        if worker is None:
+            continue
+        replayed = sum(int(str(state.get("replayed", 0))) for state in worker.standby_states().values())
+        counted = worker.metrics.registry.get_sample_value("pipeline_standby_records_total") or 0.0
+        if counted < replayed:
+            problems.append(
+                f"{slot.name}'s standbys replayed {replayed} changelog records, but "
+                f"pipeline_standby_records_total says {counted:.0f}"
+            )
+    return problems

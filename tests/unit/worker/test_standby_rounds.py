@@ -172,6 +172,7 @@ async def test_a_new_standby_describes_itself_as_opening_with_nothing_known(
         "position": -1,
         "lag_records": None,
         "lag_seconds": 1.235,
+        "replayed": 0,
     }
     assert standby.applied == 0
 

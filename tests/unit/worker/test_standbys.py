@@ -321,6 +321,7 @@ async def test_each_standby_is_described_by_name_with_its_lag_now(
             "position": 4,
             "lag_records": 5,
             "lag_seconds": 10.0,
+            "replayed": 0,
         }
     }
 
