@@ -77,9 +77,8 @@ COORDINATOR_NOT_AVAILABLE = 15
 INVALID_PARTITIONS = 37
 GROUP_AUTHORIZATION_FAILED = 30
 CORRUPT_MESSAGE = 2
-CORRUPT_APART_S = (
-    5.0  # a corrupt refusal of a producer at most this often: the redo of the one before is taken
-)
+# a corrupt refusal of a producer at most this often: the redo of the one before is taken
+CORRUPT_APART_S = 5.0
 
 NO_LIMIT = 2**63 - 1
 DEFAULT_TXN_TIMEOUT_S = 60.0
@@ -364,9 +363,8 @@ class Broker:
         self.owner_violations: list[str] = []
         self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
         self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
-        self.corrupted_at: dict[
-            str, float
-        ] = {}  # transactional id -> when a produce of it was last refused as corrupt
+        # transactional id -> when a produce of it was last refused as corrupt
+        self.corrupted_at: dict[str, float] = {}
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -487,11 +485,16 @@ class Broker:
 
     def _corrupt(self, pid: int) -> int:
         """CORRUPT_MESSAGE when a corrupt fault waits for ``pid``'s transactional id (and none hit it lately)."""
+        if not self.injected:  # every transactional produce asks: nothing to look up, most of the time
+            return NONE
         txn = next((t for t in self.txns.values() if t.pid == pid), None)
-        if txn is None or not any(f == "corrupt" and t == txn.txn_id for f, _, t in self.injected):
+        if txn is None:
             return NONE
         error = self._injected("produce", txn.txn_id)
+        if not error:
+            return NONE
         if self.now() - self.corrupted_at.get(txn.txn_id, -CORRUPT_APART_S) < CORRUPT_APART_S:
+            self.trace(f"broker: {txn.txn_id}: corrupt fault dropped (one hit it lately)")
             return NONE  # two flipped bits in a row on one producer: not this model's network
         self.corrupted_at[txn.txn_id] = self.now()
         return error

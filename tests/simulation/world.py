@@ -51,7 +51,7 @@ OPEN_TXN_STATES = frozenset({"ongoing", "prepare_commit", "prepare_abort"})
 RESTART_BACKOFF_S = 1.0
 TWIN_GRACE_S = 15.0  # after a twin stops, how long its worker may still be pushed out by it (a session)
 # how a worker that shares its instance id with a twin may stop: pushed out of the group, or fenced again and
-# again by the twin's producer (Worker._count_fence), each with a line naming the cause
+# again by the twin's producer (FenceCount, pipeline/worker/identity.py), each with a line naming the cause
 TWIN_EXITS = (InstanceIdTakenError.__name__, "another process uses transactional id")
 CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
 
