@@ -364,6 +364,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    30: (
+        "a claim forgets its first copy's body: a different body under its key is a duplicate, never a conflict",
+        [
+            (
+                "state/decision.py",
+                "            body_hash=body_hash,\n        )\n        return Decision(Outcome.FIRST",
+                "            body_hash=None,\n        )\n        return Decision(Outcome.FIRST",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

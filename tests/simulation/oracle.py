@@ -15,7 +15,7 @@ read_committed, across every process incarnation:
   ``original-timestamp``) had an output refused for its timestamp, or one the audit topic's
   bounds refuse (:mod:`tests.simulation.blame`);
 - every accepted copy of a key (first, duplicate, conflict) is what the key's TTL windows
-  say it must be (:mod:`tests.simulation.windows`, rules 1-5): a copy inside a window gives
+  say it must be (:mod:`tests.simulation.windows`, rules 1-6): a copy inside a window gives
   no second command, a copy after it exactly one new command, and a key with no claim yet
   one command; replays and late copies alike (the redrive promise: replaying any record any
   number of times gives at most one command per key within its TTL);
@@ -39,7 +39,9 @@ each rule in full):
    grace, so below that the claim is certainly kept (a rebuilt store too: no run lets stream
    time fall a day further behind the clock, where the changelog's retention could take it);
 5. a copy certainly past its claim must be ``first``; a copy certainly within it, the claim
-   certainly kept, a duplicate; any other either.
+   certainly kept, a duplicate; any other either;
+6. in the event stage, a copy that is not first is ``conflict`` exactly when its body differs
+   from the claiming copy's (the workload's ``data.variant``), else ``duplicate``.
 
 A rescale changes which partition owns a key: the copies handled before it (the group's
 committed offsets when every worker had stopped) are taken before those handled after it.
@@ -270,7 +272,7 @@ def _windows(
     broker: Broker, facts: Facts, audits: dict[tuple[str, int, int], Audited], verdict: Verdict
 ) -> tuple[Windows, Windows]:
     """Every accepted copy, in its partition's order (before a rescale, then after), against its key's windows."""
-    stages = {facts.input: Windows(facts.width, facts.skew, facts.offsets)}
+    stages = {facts.input: Windows(facts.width, facts.skew, facts.offsets, bodies=True)}
     if facts.effects:
         stages[facts.effects] = Windows(facts.width, facts.skew, facts.offsets)
     for name, windows in stages.items():
@@ -322,7 +324,19 @@ def _copy(name: str, partition: int, record: Any, audited: Audited | None, facts
         first_seen=audit.get("first_seen_at"),
         expires_at=audit.get("expires_at"),
         ttl=ttl,
+        variant=_variant(record.value),
     )
+
+
+def _variant(value: bytes | None) -> int | None:
+    """Which body the workload sent (``data.variant``: rule 6), or None for a body it did not write."""
+    try:
+        body = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    variant = data.get("variant") if isinstance(data, dict) else None
+    return variant if isinstance(variant, int) else None
 
 
 def _commands(

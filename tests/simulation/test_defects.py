@@ -90,6 +90,13 @@ CASES = [
         6,
         "cannot be written even to the DLQ (handler-error): the broker refused it: CorruptRecordException()",
     ),
+    # a claim forgets its first copy's body: a different body under the key is a duplicate (rule 6, windows.py)
+    (
+        30,
+        "default",
+        0,
+        "stripe:evt_0_65: sim.raw-0@8 (s124) was duplicate, but its body is not the body of sim.raw-0@0 (s123)",
+    ),
 ]
 
 

@@ -31,6 +31,11 @@ each partition's order, against the outcome its audit record gives:
    either. A key with no claim yet must be ``first``. X is the model's own (rule 3 from the
    copy's time and the stream time): the audit's ``expires_at`` only narrows it where it agrees,
    so a worker that claims too short is judged by the window it owed, not by the one it wrote.
+6. *A copy that is not first is a conflict exactly when its body differs from the body of the
+   copy that made the claim* (the workload's ``data.variant``; ``pending_webhooks`` differs between
+   attempts and is volatile to the check): a conflict counts as a duplicate for rules 1-5, but a
+   claim that forgot its first body, or a check that compares the wrong bodies, is seen here.
+   Checked where the stage compares bodies (the event stage; the effect stage does not).
 
 Fixed expiry only (the simulation's sources never slide).
 """
@@ -64,6 +69,7 @@ class Copy:
     first_seen: int | None
     expires_at: int | None
     ttl: int
+    variant: int | None = None  # which body the workload sent (rule 6); None: not known
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Claim:
     expires_hi: int
     first_seen: int
     where: str
+    variant: int | None = None  # the body of the copy that claimed (rule 6)
 
     @property
     def expires_at(self) -> str:
@@ -84,11 +91,12 @@ class Claim:
 
 @dataclass
 class Windows:
-    """The claims of one stage's keys, and the checks of rules 1-5 (see the module docstring)."""
+    """The claims of one stage's keys, and the checks of rules 1-6 (see the module docstring)."""
 
     width: int  # the expiry buckets' width, ms
     skew: int  # --max-clock-skew, ms
     offsets: tuple[int, int]  # the least and greatest wall clock offset of any worker, ms
+    bodies: bool = False  # rule 6 holds: the stage tells a conflict from a duplicate
     claims: dict[str, Claim] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     firsts: dict[str, int] = field(default_factory=dict)  # first outcomes per key
@@ -134,6 +142,7 @@ class Windows:
         if outcome == FIRST:
             self._first(copy, stream, e_lo, e_hi)
             return
+        self._body(copy, claim)
         if (
             claim is not None
             and copy.expires_at is not None
@@ -161,9 +170,21 @@ class Windows:
                 f"{copy.key}: {copy.where} claimed until {expires}, not one TTL ({copy.ttl} ms) from "
                 f"max(its time {e}, stream time in [{stream.lo}, {stream.hi}]): [{least}, {most}] (rule 3)"
             )
-        self.claims[copy.key] = Claim(least, most, e, copy.where)
+        self.claims[copy.key] = Claim(least, most, e, copy.where, copy.variant)
         self.firsts[copy.key] = self.firsts.get(copy.key, 0) + 1
         stream.lo, stream.hi = max(stream.lo, e), max(stream.hi, e)
+
+    def _body(self, copy: Copy, claim: Claim | None) -> None:
+        """Rule 6: a copy that is not first is a conflict exactly when its body is not the claim's."""
+        if not self.bodies or claim is None or claim.variant is None or copy.variant is None:
+            return
+        wanted = "conflict" if copy.variant != claim.variant else "duplicate"
+        if copy.outcome != wanted:
+            self.fail(
+                f"{copy.key}: {copy.where} was {copy.outcome}, but its body is "
+                f"{'not ' if wanted == 'conflict' else ''}the body of {claim.where}, which claimed the key: "
+                f"it is a {wanted} (rule 6)"
+            )
 
     def _wrong(self, copy: Copy, stream: Stream, claim: Claim | None, e_lo: int, e_hi: int) -> None:
         time = f"time {e_lo}" if e_lo == e_hi else f"time in [{e_lo}, {e_hi}]"
