@@ -374,6 +374,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    31: (
+        "sliding expiry ignored: a duplicate never renews its key's claim",
+        [
+            (
+                "state/decision.py",
+                "    if sliding and timestamp + ttl_ms > expires_at:",
+                "    if False:",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

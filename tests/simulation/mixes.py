@@ -13,7 +13,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   lost or foreign, rebalances while a worker opens its partitions;
 - ``time``: short TTLs (an hour, the least a topology takes) with record time running hours
   in seconds, every worker down for hours then a backlog, clock jumps on one worker, the
-  changelog stamped by the broker (``LogAppendTime``), standbys;
+  changelog stamped by the broker (``LogAppendTime``), standbys; in half the seeds without copies
+  at the TTL boundary the sources' expiry slides (``expiry = "sliding"``: a duplicate renews its
+  key's claim);
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
   once, killed or cut off by broker outages, of records older than the TTL;
@@ -61,6 +63,7 @@ class Mix:
     static: float = 0.0  # chance that the workers are static members (--instance-id, KIP-345)
     twin: float = 0.0  # with static members, chance of a second process under a running worker's instance id
     corrupt: float = 0.0  # chance of one-off CORRUPT_MESSAGE refusals (faults.CORRUPT)
+    sliding: float = 0.0  # chance that the sources' expiry slides (every copy renews its key's claim)
 
 
 MIXES: dict[str, Mix] = {
@@ -107,6 +110,7 @@ MIXES: dict[str, Mix] = {
             reconfigure=0.3,
             kinds={**dict.fromkeys(KINDS, 1.0), "crash": 2.0, "foreign-store": 2.0, "refuse-outputs": 0.3},
             standbys_at_least=0,
+            sliding=0.5,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),

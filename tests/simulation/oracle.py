@@ -15,7 +15,7 @@ read_committed, across every process incarnation:
   ``original-timestamp``) had an output refused for its timestamp, or one the audit topic's
   bounds refuse (:mod:`tests.simulation.blame`);
 - every accepted copy of a key (first, duplicate, conflict) is what the key's TTL windows
-  say it must be (:mod:`tests.simulation.windows`, rules 1-6): a copy inside a window gives
+  say it must be (:mod:`tests.simulation.windows`, rules 1-7): a copy inside a window gives
   no second command, a copy after it exactly one new command, and a key with no claim yet
   one command; replays and late copies alike (the redrive promise: replaying any record any
   number of times gives at most one command per key within its TTL);
@@ -41,7 +41,8 @@ each rule in full):
 5. a copy certainly past its claim must be ``first``; a copy certainly within it, the claim
    certainly kept, a duplicate; any other either;
 6. in the event stage, a copy that is not first is ``conflict`` exactly when its body differs
-   from the claiming copy's (the workload's ``data.variant``), else ``duplicate``.
+   from the claiming copy's (the workload's ``data.variant``), else ``duplicate``;
+7. with sliding expiry, a copy that is not first moves its claim to ``max(X, e + TTL)``.
 
 A rescale changes which partition owns a key: the copies handled before it (the group's
 committed offsets when every worker had stopped) are taken before those handled after it.
@@ -84,6 +85,7 @@ class Facts:
     command_topics: list[str]
     group: str
     ttl_ms: dict[str, int]  # per source
+    sliding: frozenset[str]  # the sources whose expiry slides
     width: int  # the expiry buckets' width, ms
     skew: int  # --max-clock-skew, ms
     offsets: tuple[int, int]  # the least and greatest wall clock offset of any worker, ms
@@ -159,7 +161,7 @@ def check(broker: Broker, facts: Facts) -> Verdict:
         **{f"audit-{k}": n for k, n in outcomes.items()},
         **{
             f"window-{k}": event.judged.get(k, 0) + effect.judged.get(k, 0)
-            for k in ("new", "renewed", "kept", "either")
+            for k in ("new", "renewed", "kept", "either", "slid")
         },
     }
     return verdict
@@ -306,8 +308,10 @@ def _copy(name: str, partition: int, record: Any, audited: Audited | None, facts
         return None
     audit = audited.value
     key = str(audit.get("key"))
+    sliding = False
     if name == facts.input:
-        ttl = facts.ttl_ms.get(key.split(":", 1)[0], 0)
+        source = key.split(":", 1)[0]
+        ttl, sliding = facts.ttl_ms.get(source, 0), source in facts.sliding
     else:
         header = record.header(EFFECT_TTL_HEADER)
         ttl = int(header) if header is not None and header.isdigit() else 0
@@ -325,6 +329,7 @@ def _copy(name: str, partition: int, record: Any, audited: Audited | None, facts
         expires_at=audit.get("expires_at"),
         ttl=ttl,
         variant=_variant(record.value),
+        sliding=sliding,
     )
 
 

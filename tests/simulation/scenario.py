@@ -43,6 +43,7 @@ class Scenario:
     redrive: RedrivePlan | None = None
     changes: list[Fault] = field(default_factory=list)  # rescales and reconfigurations (in ``faults`` too)
     static: bool = False  # the workers run with --instance-id (their slot's name): static members
+    sliding: bool = False  # the sources' expiry slides: each copy renews its key's claim
 
     @classmethod
     def draw(cls, seed: int, mix_name: str = "classic") -> Scenario:
@@ -159,6 +160,9 @@ class Scenario:
                 for _ in range(rng.randint(1, 4))
             ]
             self.faults = sorted([*self.faults, *corrupt], key=lambda f: f.at)
+        # not with copies at the TTL boundary: those check a fixed window to the millisecond
+        boundary = self.time is not None and self.time.boundary
+        self.sliding = _apart(seed, 12).random() < mix.sliding and not boundary
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None
@@ -186,6 +190,7 @@ class Scenario:
                 else ""
             )
             + (", static members (--instance-id)" if self.static else "")
+            + (", sliding expiry" if self.sliding else "")
             + f", settings {self.settings}",
             f"workload: {self.workload.describe()}",
             "faults: " + ("; ".join(f.describe() for f in self.faults) or "none"),
@@ -200,6 +205,7 @@ class Scenario:
         """The topology the workers run (``fixed``: with the source a redrive's fix adds)."""
         ttl = f"{self.time.ttl_h}h" if self.time else "7d"
         effect_ttl = f"{self.time.effect_ttl_h}h" if self.time else "30d"
+        expiry = "sliding" if self.sliding else "fixed"
         text = f"""
 [app]
 name = "{APP}"
@@ -214,6 +220,7 @@ partitions = {self.partitions}
 provider = "stripe"
 verify = "none"
 ttl = "{ttl}"
+expiry = "{expiry}"
 """
         if fixed:
             text += f"""
@@ -221,6 +228,7 @@ ttl = "{ttl}"
 provider = "stripe"
 verify = "none"
 ttl = "{ttl}"
+expiry = "{expiry}"
 """
         if self.effects:
             text += f"""

@@ -97,6 +97,8 @@ CASES = [
         0,
         "stripe:evt_0_65: sim.raw-0@8 (s124) was duplicate, but its body is not the body of sim.raw-0@0 (s123)",
     ),
+    # sliding expiry ignored: a duplicate never renews its key's claim (rule 7, windows.py)
+    (31, "time", 0, "a copy at 1767225602347 moves it to 1767232802347"),
 ]
 
 

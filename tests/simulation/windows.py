@@ -36,13 +36,16 @@ each partition's order, against the outcome its audit record gives:
    attempts and is volatile to the check): a conflict counts as a duplicate for rules 1-5, but a
    claim that forgot its first body, or a check that compares the wrong bodies, is seen here.
    Checked where the stage compares bodies (the event stage; the effect stage does not).
-
-Fixed expiry only (the simulation's sources never slide).
+7. *Sliding expiry* (a source with ``expiry = "sliding"``: half the seeds of the time mix): a
+   copy that is not first moves its claim's expiry to ``e + TTL`` when that is later, so the
+   claim expires at ``max(X, e + TTL)``; the audit's ``expires_at`` must lie within those bounds
+   and narrows the claim to it. Rules 4 and 5 then judge the next copies by the moved claim:
+   the store must have moved the key to its new bucket. A fixed claim never moves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FIRST = "first"
 DUPLICATE_LIKE = frozenset({"duplicate", "conflict"})
@@ -70,6 +73,7 @@ class Copy:
     expires_at: int | None
     ttl: int
     variant: int | None = None  # which body the workload sent (rule 6); None: not known
+    sliding: bool = False  # its source's expiry slides (rule 7)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Claim:
 
 @dataclass
 class Windows:
-    """The claims of one stage's keys, and the checks of rules 1-6 (see the module docstring)."""
+    """The claims of one stage's keys, and the checks of rules 1-7 (see the module docstring)."""
 
     width: int  # the expiry buckets' width, ms
     skew: int  # --max-clock-skew, ms
@@ -143,16 +147,33 @@ class Windows:
             self._first(copy, stream, e_lo, e_hi)
             return
         self._body(copy, claim)
-        if (
-            claim is not None
-            and copy.expires_at is not None
-            and not claim.expires_lo <= copy.expires_at <= claim.expires_hi
-        ):
-            self.fail(
-                f"{copy.key}: {copy.where} is a duplicate of a claim expiring at {copy.expires_at}, but the claim "
-                f"made by {claim.where} expires at {claim.expires_at}"
-            )
+        if claim is not None:
+            self._renew(copy, claim, e_lo, e_hi)
         stream.lo, stream.hi = max(stream.lo, e_lo), max(stream.hi, e_hi)
+
+    def _renew(self, copy: Copy, claim: Claim, e_lo: int, e_hi: int) -> None:
+        """A copy that is not first keeps its claim's expiry, or with sliding expiry moves it (rule 7)."""
+        lo, hi = claim.expires_lo, claim.expires_hi
+        if copy.sliding:
+            lo, hi = max(lo, e_lo + copy.ttl), max(hi, e_hi + copy.ttl)
+        expires = copy.expires_at
+        if expires is not None and not lo <= expires <= hi:
+            moved = (
+                f"; a copy at {e_lo if e_lo == e_hi else f'[{e_lo}, {e_hi}]'} moves it to "
+                if copy.sliding
+                else ""
+            )
+            wanted = str(lo) if lo == hi else f"[{lo}, {hi}]"
+            self.fail(
+                f"{copy.key}: {copy.where} is a duplicate of a claim expiring at {expires}, but the claim "
+                f"made by {claim.where} expires at {claim.expires_at}{moved}{wanted if moved else ''}"
+            )
+            return
+        if copy.sliding:
+            lo, hi = (expires, expires) if expires is not None else (lo, hi)
+            if hi > claim.expires_hi:
+                self.judged["slid"] = self.judged.get("slid", 0) + 1  # copies that moved their claim
+            self.claims[copy.key] = replace(claim, expires_lo=lo, expires_hi=hi)
 
     def _first(self, copy: Copy, stream: Stream, e_lo: int, e_hi: int) -> None:
         e = copy.first_seen if copy.first_seen is not None else e_lo

@@ -31,6 +31,7 @@ from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
+from pipeline.topology_model import Expiry
 from pipeline.worker.clients import worker_consumer
 from pipeline.worker.io import kafka_io
 from pipeline.worker.loop import Worker
@@ -421,6 +422,9 @@ class World:
             ttl_ms={
                 name: int(source.ttl.total_seconds() * 1000) for name, source in self.topology.sources.items()
             },
+            sliding=frozenset(
+                name for name, source in self.topology.sources.items() if source.expiry is Expiry.SLIDING
+            ),
             width=directory.topology_bucket_ms(self.topology),
             skew=int(self.settings(self.slots[0]).max_clock_skew * 1000),
             offsets=(int(offsets[0] * 1000), int(offsets[1] * 1000)),
