@@ -365,6 +365,7 @@ class Broker:
         self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
         # transactional id -> when a produce of it was last refused as corrupt
         self.corrupted_at: dict[str, float] = {}
+        self.lose_reply = False  # the reply being written is lost with its connection (faults.LOST_COMMIT)
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
@@ -671,8 +672,28 @@ class Broker:
             injected = self._injected("end-txn", txn_id) or self._injected("end-txn-retry", txn_id)
             if injected:
                 return injected
+            if self._taken("lost-commit", "end-txn-lost", txn_id):
+                self.trace(f"broker: {txn_id}: commit completed, its reply lost; the id is fenced (injected)")
+                self._end(txn, commit=True)
+                self.lose_reply = True
+                self._fence_when_ended(txn_id)
+                return NONE
         self._end(txn, commit=commit)
         return NONE
+
+    def _taken(self, fault: str, detail: str, txn_id: str) -> bool:
+        """Whether ``fault`` was injected for ``txn_id``'s next ``detail`` (it is answered once)."""
+        if (fault, detail, txn_id) in self.injected:
+            self.injected.remove((fault, detail, txn_id))
+            return True
+        return False
+
+    def _fence_when_ended(self, txn_id: str) -> None:
+        """Another producer initialises ``txn_id`` as soon as its transaction has ended: its epoch moves on."""
+        txn = self.txns[txn_id]
+        error, _, _ = self.init_producer_id(txn_id, int(txn.timeout_s * 1000))
+        if error == CONCURRENT_TRANSACTIONS:
+            self.later(0.005, self._fence_when_ended, txn_id)
 
     def _end(self, txn: Txn, *, commit: bool) -> None:
         """PrepareCommit/PrepareAbort now; the markers (and the offsets) a moment later."""

@@ -384,6 +384,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    32: (
+        "a commit that may have taken redone like an aborted one: its tasks rewound, not reopened",
+        [
+            (
+                "worker/executor.py",
+                "        if isinstance(exc, CommitUncertainError):",
+                "        if False:",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -39,6 +39,10 @@ TWIN = "twin"
 # the broker refuses one produce request of a partition's worker as CORRUPT_MESSAGE, once (a bit flipped on the
 # wire: its CRC fails): the same records sent again are taken (the poison mix; drawn apart)
 CORRUPT = "corrupt"
+# the broker completes a commit of a partition's worker, its reply is lost with the connection, and another
+# producer takes the transactional id before the client asks again: the retry is answered "fenced" for a
+# commit that took (the default mix; drawn apart)
+LOST_COMMIT = "lost-commit"
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made

@@ -64,6 +64,7 @@ class Mix:
     twin: float = 0.0  # with static members, chance of a second process under a running worker's instance id
     corrupt: float = 0.0  # chance of one-off CORRUPT_MESSAGE refusals (faults.CORRUPT)
     sliding: float = 0.0  # chance that the sources' expiry slides (every copy renews its key's claim)
+    lost_commit: float = 0.0  # chance of a commit that took answered "fenced" (faults.LOST_COMMIT)
 
 
 MIXES: dict[str, Mix] = {
@@ -77,6 +78,7 @@ MIXES: dict[str, Mix] = {
             rescale=0.08,
             reconfigure=0.15,
             revoke_open=0.15,
+            lost_commit=0.15,
         ),
         Mix(
             "poison",

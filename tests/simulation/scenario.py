@@ -163,6 +163,10 @@ class Scenario:
         # not with copies at the TTL boundary: those check a fixed window to the millisecond
         boundary = self.time is not None and self.time.boundary
         self.sliding = _apart(seed, 12).random() < mix.sliding and not boundary
+        rng = _apart(seed, 13)
+        if rng.random() < mix.lost_commit:
+            lost = Fault(rng.uniform(1.0, duration), fault_module.LOST_COMMIT, rng.randrange(self.partitions))
+            self.faults = sorted([*self.faults, lost], key=lambda f: f.at)
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None

@@ -332,3 +332,20 @@ def test_a_corrupt_fault_refuses_one_produce_of_its_transactional_id_and_never_t
         assert model.broker._corrupt(pid) == b.CORRUPT_MESSAGE
 
     Model().run(scenario)
+
+
+def test_a_lost_commit_takes_the_commit_loses_its_reply_and_fences_the_id_before_the_retry() -> None:
+    """The lost-commit fault: the EndTxn completes the commit (its offsets land), its reply is to be lost, and
+    another producer takes the transactional id once the markers are written, so the retry is answered fenced."""
+
+    async def scenario(model: Model) -> None:
+        producer = model.begin()
+        assert await model.commit_offsets(producer, 3, None) == b.NONE
+        model.broker.inject("lost-commit", "end-txn-lost", TXN)
+        assert await model.end(producer, commit=True) == b.NONE
+        assert model.broker.lose_reply
+        assert await model.stable() == ({TP: 3}, [])
+        assert model.broker.end_txn(TXN, *producer, True) == b.INVALID_PRODUCER_EPOCH
+        assert model.broker.injected == []
+
+    Model().run(scenario)

@@ -42,7 +42,7 @@ CASES = [
     # a rescale moves entries with their last_seen: a partition takes another's stream time
     (17, "rescale", 1, "stripe:evt_1_13: sim.raw-3@2 (s22, rerouted-from) claimed until"),
     # a rescale's move in batches its changelog refuses: the rescale never ends, no worker can start
-    (18, "default", 1476, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
+    (18, "default", 2872, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
     # the rescale's consumer stopped with aiokafka's stop in an outage: a CancelledError ends the rescale
     (19, "default", 2269, "ConfigError('changelog sim-seen-changelog has 5 partitions but sim.raw has 3"),
     # a command topic's limit lowered under running workers, never read again: refused transactions for every record
@@ -99,6 +99,8 @@ CASES = [
     ),
     # sliding expiry ignored: a duplicate never renews its key's claim (rule 7, windows.py)
     (31, "time", 0, "a copy at 1767225602347 moves it to 1767232802347"),
+    # a commit that may have taken redone like an aborted one (the lost-commit fault, faults.py)
+    (32, "default", 17, "sim.raw-0@2 (s35): 2 audit records, expected 1"),
 ]
 
 

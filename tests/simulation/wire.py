@@ -200,6 +200,10 @@ class SimConnection:
                 return
             if not self._open:
                 return
+            if self.network.broker.lose_reply:  # the connection breaks before the reply is written
+                self.network.broker.lose_reply = False
+                self.close(reason=CloseReason.CONNECTION_BROKEN)
+                return
             if self.network.strict:
                 response = type(response).decode(response.encode())  # as the client reads it off the wire
             await asyncio.sleep(self.network.latency())

@@ -640,6 +640,11 @@ class World:
             if txn_id is not None:
                 self.broker.inject(kind, "produce", txn_id)
             return
+        if kind == fault_module.LOST_COMMIT:
+            txn_id = self._txn_of_partition(fault.target)
+            if txn_id is not None:
+                self.broker.inject(kind, "end-txn-lost", txn_id)
+            return
         if kind in ("producer-fatal", "commit-refused"):
             txn_id = self._txn_of_partition(fault.target)
             if txn_id is not None:
