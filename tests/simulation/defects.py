@@ -394,6 +394,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    33: (
+        "dlq replay --dry-run sends the records it says it would replay",
+        [
+            (
+                "ops/dlq.py",
+                "    producer = None if dry_run else await started_producer(bootstrap)",
+                "    producer = await started_producer(bootstrap)",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

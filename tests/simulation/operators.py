@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
-from pipeline.ops.dlq import replay
+from pipeline.headers import REPLAYED_FROM_HEADER
+from pipeline.ops.dlq import ReplayReport, replay
 from pipeline.ops.rescale import rescale
 from pipeline.records.dlq import DlqFilter
 from tests.simulation import broker as b
@@ -112,7 +113,9 @@ class Operators:
         world.loop.spawn(None, world.outage(seconds), "outage")
 
     async def last_replay(self) -> None:
-        """The replay an operator runs once everything is over: again until it exits 0."""
+        """The replay an operator runs once everything is over, after a look with ``--dry-run``: again until
+        it exits 0."""
+        await self._dry_run()
         for _ in range(LAST_REPLAY_TRIES):
             run = self._replay()
             await self._watch(run, 0.0)
@@ -120,6 +123,49 @@ class Operators:
                 return
             await asyncio.sleep(5.0)
         self.world.problems.append(f"the last dlq replay never exited 0 in {LAST_REPLAY_TRIES} tries")
+
+    async def _dry_run(self) -> None:
+        """``pipeline dlq replay --dry-run``, as an operator looks before replaying: it must send nothing."""
+        world = self.world
+        plan = world.scenario.redrive
+        reasons = plan.reasons if plan is not None else frozenset()
+        before = self._replays_sent()
+        process = Process("dry-run")
+        world.note(f"dry-run: pipeline dlq replay --dry-run --reason {','.join(sorted(reasons))}")
+
+        async def look() -> str:
+            try:
+                report = await self._command(reasons, dry_run=True)
+            except PipelineError as exc:
+                return f"exit 1: {exc}"
+            return f"exit 0: would replay {report.count}"
+
+        task = world.loop.spawn(process, look(), "dry-run")
+        while not task.done():
+            await asyncio.sleep(0.25)
+        world.note(f"dry-run ended: {task.result()[:300]}")
+        sent = self._replays_sent() - before
+        if sent:
+            world.problems.append(f"dlq replay --dry-run sent {sent} records (a dry run must send nothing)")
+
+    async def _command(self, reasons: frozenset[str], *, dry_run: bool) -> ReplayReport:
+        """``pipeline dlq replay --reason <reasons> [--dry-run]``, as the command runs it."""
+        flt = DlqFilter(reasons=reasons)
+        return await replay(
+            BOOTSTRAP, self.world.topology, flt, dry_run=dry_run, out=io.StringIO(), timeout=REPLAY_TIMEOUT_S
+        )
+
+    def _replays_sent(self) -> int:
+        """How many records a replay sent are in the topics it sends to (committed or not: it is not transactional)."""
+        topics = self.world.topology.topics
+        names = [topics.input] + ([topics.effects] if self.world.scenario.effects else [])
+        return sum(
+            1
+            for name in names
+            for log in self.world.broker.topics[name].partitions
+            for record in log.committed_records()
+            if record.header(REPLAYED_FROM_HEADER) is not None
+        )
 
     def _replay(self) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
         world = self.world
@@ -138,16 +184,8 @@ class Operators:
 
     async def _run_replay(self, run: ReplayRun, reasons: frozenset[str]) -> None:
         world = self.world
-        out = io.StringIO()
         try:
-            report = await replay(
-                BOOTSTRAP,
-                world.topology,
-                DlqFilter(reasons=reasons),
-                dry_run=False,
-                out=out,
-                timeout=REPLAY_TIMEOUT_S,
-            )
+            report = await self._command(reasons, dry_run=False)
             run.replayed = {record.where for record in report.records}
             # as the command: a record it could not rebuild (a truncated body) makes it exit 1
             run.outcome = (

@@ -101,6 +101,8 @@ CASES = [
     (31, "time", 0, "a copy at 1767225602347 moves it to 1767232802347"),
     # a commit that may have taken redone like an aborted one (the lost-commit fault, faults.py)
     (32, "default", 17, "sim.raw-0@2 (s35): 2 audit records, expected 1"),
+    # dlq replay --dry-run sends what it says it would replay (the dry run before the last replay, operators.py)
+    (33, "redrive", 0, "dlq replay --dry-run sent 4 records (a dry run must send nothing)"),
 ]
 
 
