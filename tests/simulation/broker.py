@@ -371,20 +371,28 @@ class Broker:
         """The next matching request of ``txn_id`` gets an error (see ``_injected``)."""
         self.injected.append((fault, detail, txn_id))
 
-    def _injected(self, detail: str, txn_id: str) -> int:
+    def _take(self, detail: str, txn_id: str) -> str | None:
+        """The fault injected for ``txn_id``'s next ``detail``, taken (each is answered once), or None."""
         for i, (fault, wanted, target) in enumerate(self.injected):
             if wanted == detail and target == txn_id:
                 del self.injected[i]
-                code = {
-                    ("producer-fatal", "add-partitions"): INVALID_TXN_STATE,
-                    ("producer-fatal", "end-txn"): INVALID_TXN_STATE,
-                    ("commit-refused", "offsets"): GROUP_AUTHORIZATION_FAILED,
-                    ("commit-refused", "end-txn-retry"): COORDINATOR_NOT_AVAILABLE,
-                    ("corrupt", "produce"): CORRUPT_MESSAGE,
-                }[(fault, wanted)]
-                self.trace(f"broker: {txn_id}: {detail} answered with error {code} (injected)")
-                return code
-        return NONE
+                return fault
+        return None
+
+    def _injected(self, detail: str, txn_id: str) -> int:
+        """The error injected for ``txn_id``'s next ``detail`` (NONE: none)."""
+        fault = self._take(detail, txn_id)
+        if fault is None:
+            return NONE
+        code = {
+            ("producer-fatal", "add-partitions"): INVALID_TXN_STATE,
+            ("producer-fatal", "end-txn"): INVALID_TXN_STATE,
+            ("commit-refused", "offsets"): GROUP_AUTHORIZATION_FAILED,
+            ("commit-refused", "end-txn-retry"): COORDINATOR_NOT_AVAILABLE,
+            ("corrupt", "produce"): CORRUPT_MESSAGE,
+        }[(fault, detail)]
+        self.trace(f"broker: {txn_id}: {detail} answered with error {code} (injected)")
+        return code
 
     # -- time --------------------------------------------------------------------------
     def now(self) -> float:
@@ -672,7 +680,7 @@ class Broker:
             injected = self._injected("end-txn", txn_id) or self._injected("end-txn-retry", txn_id)
             if injected:
                 return injected
-            if self._taken("lost-commit", "end-txn-lost", txn_id):
+            if self._take("end-txn-lost", txn_id) is not None:
                 self.trace(f"broker: {txn_id}: commit completed, its reply lost; the id is fenced (injected)")
                 self._end(txn, commit=True)
                 self.lose_reply = True
@@ -680,13 +688,6 @@ class Broker:
                 return NONE
         self._end(txn, commit=commit)
         return NONE
-
-    def _taken(self, fault: str, detail: str, txn_id: str) -> bool:
-        """Whether ``fault`` was injected for ``txn_id``'s next ``detail`` (it is answered once)."""
-        if (fault, detail, txn_id) in self.injected:
-            self.injected.remove((fault, detail, txn_id))
-            return True
-        return False
 
     def _fence_when_ended(self, txn_id: str) -> None:
         """Another producer initialises ``txn_id`` as soon as its transaction has ended: its epoch moves on."""

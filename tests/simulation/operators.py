@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
 from pipeline.headers import REPLAYED_FROM_HEADER
-from pipeline.ops.dlq import ReplayReport, replay
+from pipeline.ops.dlq import replay
 from pipeline.ops.rescale import rescale
 from pipeline.records.dlq import DlqFilter
 from tests.simulation import broker as b
@@ -125,38 +125,19 @@ class Operators:
         self.world.problems.append(f"the last dlq replay never exited 0 in {LAST_REPLAY_TRIES} tries")
 
     async def _dry_run(self) -> None:
-        """``pipeline dlq replay --dry-run``, as an operator looks before replaying: it must send nothing."""
-        world = self.world
-        plan = world.scenario.redrive
-        reasons = plan.reasons if plan is not None else frozenset()
+        """``pipeline dlq replay --dry-run``, as an operator looks before replaying: it must send nothing (and,
+        exiting 0, list every record the DLQ held, as a replay must replay them)."""
         before = self._replays_sent()
-        process = Process("dry-run")
-        world.note(f"dry-run: pipeline dlq replay --dry-run --reason {','.join(sorted(reasons))}")
-
-        async def look() -> str:
-            try:
-                report = await self._command(reasons, dry_run=True)
-            except PipelineError as exc:
-                return f"exit 1: {exc}"
-            return f"exit 0: would replay {report.count}"
-
-        task = world.loop.spawn(process, look(), "dry-run")
-        while not task.done():
-            await asyncio.sleep(0.25)
-        world.note(f"dry-run ended: {task.result()[:300]}")
+        await self._watch(self._replay(dry_run=True), 0.0)
         sent = self._replays_sent() - before
         if sent:
-            world.problems.append(f"dlq replay --dry-run sent {sent} records (a dry run must send nothing)")
-
-    async def _command(self, reasons: frozenset[str], *, dry_run: bool) -> ReplayReport:
-        """``pipeline dlq replay --reason <reasons> [--dry-run]``, as the command runs it."""
-        flt = DlqFilter(reasons=reasons)
-        return await replay(
-            BOOTSTRAP, self.world.topology, flt, dry_run=dry_run, out=io.StringIO(), timeout=REPLAY_TIMEOUT_S
-        )
+            self.world.problems.append(
+                f"dlq replay --dry-run sent {sent} records (a dry run must send nothing)"
+            )
 
     def _replays_sent(self) -> int:
-        """How many records a replay sent are in the topics it sends to (committed or not: it is not transactional)."""
+        """How many records replays sent are in the topics they send to, read as the oracle reads them (a
+        replay is not transactional: its records count once written)."""
         topics = self.world.topology.topics
         names = [topics.input] + ([topics.effects] if self.world.scenario.effects else [])
         return sum(
@@ -167,7 +148,7 @@ class Operators:
             if record.header(REPLAYED_FROM_HEADER) is not None
         )
 
-    def _replay(self) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
+    def _replay(self, *, dry_run: bool = False) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
         world = self.world
         plan = world.scenario.redrive
         reasons = plan.reasons if plan is not None else frozenset()
@@ -178,14 +159,22 @@ class Operators:
         run = ReplayRun(name, world.loop.time(), self.fixed, snapshot)
         self.runs.append(run)
         process = Process(name)
-        world.note(f"{name}: pipeline dlq replay --reason {','.join(sorted(reasons))}")
-        task = world.loop.spawn(process, self._run_replay(run, reasons), name)
+        flags = " --dry-run" if dry_run else ""
+        world.note(f"{name}: pipeline dlq replay{flags} --reason {','.join(sorted(reasons))}")
+        task = world.loop.spawn(process, self._run_replay(run, reasons, dry_run=dry_run), name)
         return run, process, task
 
-    async def _run_replay(self, run: ReplayRun, reasons: frozenset[str]) -> None:
+    async def _run_replay(self, run: ReplayRun, reasons: frozenset[str], *, dry_run: bool) -> None:
         world = self.world
         try:
-            report = await self._command(reasons, dry_run=False)
+            report = await replay(
+                BOOTSTRAP,
+                world.topology,
+                DlqFilter(reasons=reasons),
+                dry_run=dry_run,
+                out=io.StringIO(),
+                timeout=REPLAY_TIMEOUT_S,
+            )
             run.replayed = {record.where for record in report.records}
             # as the command: a record it could not rebuild (a truncated body) makes it exit 1
             run.outcome = (

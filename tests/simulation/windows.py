@@ -39,8 +39,8 @@ each partition's order, against the outcome its audit record gives:
 7. *Sliding expiry* (a source with ``expiry = "sliding"``: half the seeds of the time mix): a
    copy that is not first moves its claim's expiry to ``e + TTL`` when that is later, so the
    claim expires at ``max(X, e + TTL)``; the audit's ``expires_at`` must lie within those bounds
-   and narrows the claim to it. Rules 4 and 5 then judge the next copies by the moved claim:
-   the store must have moved the key to its new bucket. A fixed claim never moves.
+   and narrows the claim to it. Rules 4 and 5 then judge the next copies by the moved claim.
+   A fixed claim never moves.
 """
 
 from __future__ import annotations
