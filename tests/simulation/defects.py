@@ -404,6 +404,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    34: (
+        "a store behind its changelog's log start never moves to it: it asks for the deleted offset for ever",
+        [
+            (
+                "state/replay.py",
+                "            first,\n        )\n        self.position = first\n",
+                "            first,\n        )\n",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -15,7 +15,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   in seconds, every worker down for hours then a backlog, clock jumps on one worker, the
   changelog stamped by the broker (``LogAppendTime``), standbys; in half the seeds without copies
   at the TTL boundary the sources' expiry slides (``expiry = "sliding"``: a duplicate renews its
-  key's claim);
+  key's claim); in a third of the seeds with a downtime it outlasts the changelog's retention
+  with nothing delivered during it (``silent``), so stores kept from before start behind the log
+  start;
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
   once, killed or cut off by broker outages, of records older than the TTL;
@@ -65,6 +67,7 @@ class Mix:
     corrupt: float = 0.0  # chance of one-off CORRUPT_MESSAGE refusals (faults.CORRUPT)
     sliding: float = 0.0  # chance that the sources' expiry slides (every copy renews its key's claim)
     lost_commit: float = 0.0  # chance of a commit that took answered "fenced" (faults.LOST_COMMIT)
+    silent: float = 0.0  # with a downtime, chance that it is silent and outlasts the changelog's retention
 
 
 MIXES: dict[str, Mix] = {
@@ -113,6 +116,7 @@ MIXES: dict[str, Mix] = {
             kinds={**dict.fromkeys(KINDS, 1.0), "crash": 2.0, "foreign-store": 2.0, "refuse-outputs": 0.3},
             standbys_at_least=0,
             sliding=0.5,
+            silent=0.35,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),

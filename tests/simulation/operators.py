@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
 REPLAY_TIMEOUT_S = 60.0  # dlq replay's --timeout (its default)
 LAST_REPLAY_TRIES = 5
+QUIET_LIMIT_S = 300.0  # how long a silent downtime waits for the workers to catch up before it begins
 RESCALE_RETRY_S = 900.0  # how long the operator keeps running a failing rescale again
 
 
@@ -301,6 +302,8 @@ class Operators:
         """Every worker down (SIGTERM or SIGKILL) for ``fault.duration`` seconds, then started again."""
         world = self.world
         async with self._alone:
+            if world.scenario.time is not None and world.scenario.time.silent:
+                await self._quiet()
             self.down = (
                 True  # before the stop: a rolling restart finishing meanwhile starts nobody (seed 3356)
             )
@@ -312,6 +315,20 @@ class Operators:
             for slot in world.slots:
                 slot.wanted = slot.wanted or slot in down
                 world.start(slot)
+
+    async def _quiet(self) -> None:
+        """Before a silent downtime: wait (up to :data:`QUIET_LIMIT_S`) until the workers have handled every
+        record so far. A record left behind would be handled after the downtime, its stream time more than
+        the changelog's margin behind the clock, against claims the broker's retention deleted meanwhile:
+        what docs/operations.md ("Expiry and disk") tells the operator to cover with ``retention.ms``."""
+        world = self.world
+        deadline = world.loop.time() + QUIET_LIMIT_S
+        while not world.caught_up():
+            if world.loop.time() > deadline:
+                world.note(f"downtime: not caught up after {QUIET_LIMIT_S:.0f}s; going down anyway")
+                return
+            await asyncio.sleep(0.25)
+        world.note("downtime: every record so far handled")
 
     async def clock_jump(self, slot: Slot, fault: Fault) -> None:
         """``slot``'s wall clock steps by ``fault.detail`` seconds, and back after ``fault.duration`` (if set)."""

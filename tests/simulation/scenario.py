@@ -4,9 +4,11 @@ what the mixes add (time, redrives, a rescale, topic configuration changes under
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from random import Random
 from typing import Any
 
+from pipeline.topology import CHANGELOG_MARGIN
 from tests.simulation import faults as fault_module
 from tests.simulation import handlers, timeline
 from tests.simulation import redrive as redrive_module
@@ -139,6 +141,12 @@ class Scenario:
         rng = _apart(seed, 5)
         if rng.random() < mix.time:
             self.time = timeline.draw(rng, duration=load.duration, workers=self.workers)
+            silent = _apart(seed, 14)
+            # not with redrives: a DLQ record redriven after it is dated back into a claim retention deleted
+            if self.time.downtime is not None and self.redrive is None and silent.random() < mix.silent:
+                ttl = timedelta(hours=max(self.time.ttl_h, self.time.effect_ttl_h))
+                retention = ttl + CHANGELOG_MARGIN  # the changelogs' (pipeline.topology_model)
+                self.time = timeline.silence(self.time, int(retention.total_seconds() * 1000), silent)
             self.faults = timeline.apply(self.time, load, self.faults, rng)
         rng = _apart(seed, 8)
         if rng.random() < mix.static:

@@ -103,6 +103,8 @@ CASES = [
     (32, "default", 17, "sim.raw-0@2 (s35): 2 audit records, expected 1"),
     # dlq replay --dry-run sends what it says it would replay (the dry run before the last replay, operators.py)
     (33, "redrive", 0, "dlq replay --dry-run sent 4 records (a dry run must send nothing)"),
+    # a store behind its changelog's log start asks for the deleted offset for ever (a silent downtime, timeline.py)
+    (34, "time", 45, "w1.3's standby of sim.raw-2 is following at changelog offset -1"),
 ]
 
 

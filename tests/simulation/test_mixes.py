@@ -105,3 +105,23 @@ def test_only_the_static_mix_runs_static_members_and_twins_and_only_under_them()
     for mix in ("classic", "default", "poison", "standby", "time", "redrive", "rescale"):
         drawn = [Scenario.draw(seed, mix) for seed in SEEDS[:30]]
         assert not any(s.static or TWIN in _kinds(s) for s in drawn), mix
+
+
+def test_a_silent_downtime_outlasts_the_changelog_and_delivers_nothing() -> None:
+    """time: in some seeds every worker is down longer than the changelog's retention (the largest TTL plus
+    a day), nothing is delivered during it, and no delivery after it is dated back behind its producer's clock."""
+    silent = [s for seed in SEEDS if (s := Scenario.draw(seed, "time")).time and s.time.silent]
+    assert 8 < len(silent) < 40
+    for scenario in silent:
+        plan = scenario.time
+        assert plan is not None
+        assert plan.downtime is not None
+        assert not plan.boundary
+        assert scenario.redrive is None
+        start, end = plan.downtime.at, plan.downtime.at + plan.downtime.duration
+        assert plan.downtime.duration > (max(plan.ttl_h, plan.effect_ttl_h) + 24) * 3600
+        during = [d for d in scenario.workload.deliveries if start <= d.at < end]
+        assert not during
+        after = [d for d in scenario.workload.deliveries if d.at >= end]
+        assert after
+        assert all(d.timestamp_skew_ms >= 0 for d in after)

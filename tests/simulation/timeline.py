@@ -15,6 +15,11 @@ nothing ever expires. A time plan makes expiry happen, cheaply:
   SIGKILLed, while records keep coming (the records of a stretch of the schedule are spread
   over the downtime, and some keys are delivered again during it): the workers come back to
   a backlog hours long, with the wall clock hours past its records;
+- or, in some seeds of the time mix, *every worker down for longer than the changelog's
+  retention* (the largest TTL plus a day) with nothing delivered meanwhile (a ``silent``
+  downtime: a provider and a pipeline down together): the broker deletes every changelog
+  segment but the active one on its clock, so a store kept from before (a standby behind, a
+  partition moved away earlier) starts behind its changelog's log start when it is read again;
 - *clock jumps* on one worker: its wall clock (``WorkerIO.wall``, which bounds record times
   and stamps changelog records) steps minutes to hours ahead or back, and later back again;
 - the changelog stamped by the broker (``message.timestamp.type=LogAppendTime``).
@@ -49,6 +54,9 @@ class TimePlan:
     downtime: Fault | None
     jumps: tuple[Fault, ...]
     log_append_time: bool  # the changelogs stamped by the broker
+    silent: bool = (
+        False  # the downtime outlasts the changelog's retention, and nothing is delivered during it
+    )
 
     @property
     def ttl_ms(self) -> int:
@@ -63,6 +71,8 @@ class TimePlan:
             parts.append("copies at the TTL boundary")
         if self.log_append_time:
             parts.append("changelogs LogAppendTime")
+        if self.silent:
+            parts.append("a silent downtime longer than the changelog's retention")
         return ", ".join(parts)
 
     def offsets(self) -> tuple[float, float]:
@@ -108,9 +118,20 @@ def draw(rng: Random, *, duration: float, workers: int) -> TimePlan:
     )
 
 
+def silence(plan: TimePlan, retention_ms: int, rng: Random) -> TimePlan:
+    """``plan`` with its downtime made silent and longer than the changelog's ``retention_ms`` by an hour
+    to four (no copies at the TTL boundary: one would be delivered during it)."""
+    if plan.downtime is None:
+        return plan
+    longer = replace(plan.downtime, duration=retention_ms / 1000 + rng.uniform(3600.0, 4 * 3600.0))
+    return replace(plan, downtime=longer, silent=True, boundary=False)
+
+
 def apply(plan: TimePlan, load: Workload, faults: list[Fault], rng: Random) -> list[Fault]:
     """Reshape ``load`` for ``plan`` (in place) and return the faults moved past a downtime, with the plan's own."""
-    if plan.downtime is not None:
+    if plan.downtime is not None and plan.silent:
+        faults = _after_downtime(plan.downtime, load, faults)
+    elif plan.downtime is not None:
         faults = _around_downtime(plan.downtime, load, faults, rng)
     if plan.span_ms:
         _backfill(plan, load, rng)
@@ -136,6 +157,19 @@ def _around_downtime(down: Fault, load: Workload, faults: list[Fault], rng: Rand
     for n, d in enumerate(rng.sample(before, min(len(before), rng.randint(2, 8)))):
         again.append(d.copy(f"d{n}", start + rng.uniform(0.0, min(length, 2 * 3600)), None))
     load.deliveries = sorted([*deliveries, *again], key=lambda d: d.at)
+    return [replace(f, at=f.at + length) if f.at >= start else f for f in faults]
+
+
+def _after_downtime(down: Fault, load: Workload, faults: list[Fault]) -> list[Fault]:
+    """A silent downtime: deliveries and faults from its start on move past it. A moved delivery stamped
+    behind its producer's clock is stamped on time: a copy dated back into a claim the changelog's
+    retention deleted meanwhile is what docs/operations.md ("Expiry and disk") tells the operator to
+    cover with ``retention.ms``, not something the pipeline can keep."""
+    start, length = down.at, down.duration
+    load.deliveries = [
+        replace(d, at=d.at + length, timestamp_skew_ms=max(d.timestamp_skew_ms, 0)) if d.at >= start else d
+        for d in load.deliveries
+    ]
     return [replace(f, at=f.at + length) if f.at >= start else f for f in faults]
 
 

@@ -149,6 +149,13 @@ def step_budget(scenario: Scenario) -> int:
     return STEPS + int(STEPS_PER_OUTAGE_S * outage)
 
 
+def virtual_bound(scenario: Scenario) -> float:
+    """The virtual seconds a run of ``scenario`` may last: a silent downtime alone is longer than a day."""
+    time = scenario.time
+    silent = time.downtime.duration if time is not None and time.silent and time.downtime else 0.0
+    return 100_000.0 + silent
+
+
 class World:
     def __init__(self, scenario: Scenario, root: Path) -> None:
         self.scenario = scenario
@@ -156,7 +163,7 @@ class World:
         self.rng = Random(scenario.seed ^ 0x5EED)
         # typeshed declares every AbstractEventLoop method abstract; at run time they raise
         # NotImplementedError, and SimLoop implements the ones asyncio and aiokafka call
-        self.loop = SimLoop(max_time=100_000.0, max_steps=step_budget(scenario))  # type: ignore[abstract]
+        self.loop = SimLoop(max_time=virtual_bound(scenario), max_steps=step_budget(scenario))  # type: ignore[abstract]
         self.trace: deque[str] = deque(maxlen=4000)
         self.broker = b.Broker(self.loop, Random(self.rng.getrandbits(64)), self.note)
         self.network = wire.Network(self.broker, Random(self.rng.getrandbits(64)))
@@ -900,7 +907,13 @@ class World:
 
     # -- the end ----------------------------------------------------------------------------
     def _settled(self) -> bool:
-        if self.broker.down or self.produced < len(self.scenario.workload.deliveries):
+        if self.produced < len(self.scenario.workload.deliveries):
+            return False
+        return self.caught_up()
+
+    def caught_up(self) -> bool:
+        """Every record produced so far handled and committed, by a stable group of healthy workers."""
+        if self.broker.down:
             return False
         if any(slot.wanted and not slot.running for slot in self.slots):
             return False
