@@ -414,6 +414,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    35: (
+        "a bucket whose creation failed is deleted from a table it never entered: a KeyError escapes",
+        [
+            (
+                "state/store.py",
+                "                self._buckets.pop(bucket, None)\n",
+                "                del self._buckets[bucket]\n",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -180,6 +180,7 @@ class _FailingFamily:
         return self._inner.drop_column_family(*args, **kwargs)
 
     def create_column_family(self, *args: Any, **kwargs: Any) -> Any:
+        self._store.maybe_fail("create")  # a new bucket's column family (the time mix's bucket faults)
         return _FailingFamily(self._inner.create_column_family(*args, **kwargs), self._store)
 
 

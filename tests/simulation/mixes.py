@@ -17,7 +17,8 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   at the TTL boundary the sources' expiry slides (``expiry = "sliding"``: a duplicate renews its
   key's claim); in a third of the seeds with a downtime it outlasts the changelog's retention
   with nothing delivered during it (``silent``), so stores kept from before start behind the log
-  start;
+  start; in half the seeds a worker fails to create its next bucket or three (RocksDB refusing a
+  new column family);
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
   once, killed or cut off by broker outages, of records older than the TTL;
@@ -68,6 +69,9 @@ class Mix:
     sliding: float = 0.0  # chance that the sources' expiry slides (every copy renews its key's claim)
     lost_commit: float = 0.0  # chance of a commit that took answered "fenced" (faults.LOST_COMMIT)
     silent: float = 0.0  # with a downtime, chance that it is silent and outlasts the changelog's retention
+    bucket_fails: float = (
+        0.0  # chance of a worker failing to create its next buckets (a ``disk`` fault, ``create``)
+    )
 
 
 MIXES: dict[str, Mix] = {
@@ -117,6 +121,7 @@ MIXES: dict[str, Mix] = {
             standbys_at_least=0,
             sliding=0.5,
             silent=0.35,
+            bucket_fails=0.5,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),

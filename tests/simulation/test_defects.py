@@ -105,6 +105,8 @@ CASES = [
     (33, "redrive", 0, "dlq replay --dry-run sent 4 records (a dry run must send nothing)"),
     # a store behind its changelog's log start asks for the deleted offset for ever (a silent downtime, timeline.py)
     (34, "time", 45, "w1.3's standby of sim.raw-2 is following at changelog offset -1"),
+    # a bucket whose creation failed is deleted from a table it never entered (bucket faults, mixes.py)
+    (35, "time", 28, "w1.1 exited on its own: exit 1: KeyError(490899)"),
 ]
 
 

@@ -125,3 +125,15 @@ def test_a_silent_downtime_outlasts_the_changelog_and_delivers_nothing() -> None
         after = [d for d in scenario.workload.deliveries if d.at >= end]
         assert after
         assert all(d.timestamp_skew_ms >= 0 for d in after)
+
+
+def test_the_time_mix_fails_bucket_creations_in_about_half_its_seeds() -> None:
+    """time: about half the seeds arm a worker's next one to three bucket creations to fail (a ``disk``
+    fault on ``create``); no other mix does."""
+    armed = [
+        seed
+        for seed in SEEDS
+        if any(f.kind == "disk" and f.detail == "create" for f in Scenario.draw(seed, "time").faults)
+    ]
+    assert 50 < len(armed) < 100
+    assert not any(f.detail == "create" for seed in SEEDS for f in Scenario.draw(seed, "default").faults)
