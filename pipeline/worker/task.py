@@ -58,7 +58,7 @@ class ActiveTask:
         self.store: PartitionStore | None = None
         self.part: PartitionTransaction | None = None
         self.stage: Stage | None = None
-        self.released_at: int | None = None  # the changelog offset the store reflected when released
+        self.released_at: int | None = None  # the checked changelog offset its store left on disk (directory.release)
         self._wipe = False  # the store cannot be read: wipe it when released
 
     # -- state -----------------------------------------------------------------------
@@ -229,7 +229,6 @@ class ActiveTask:
         self.stage = None
         self.queue = []
         self.queued_bytes = 0
-        if store is not None:
-            self.released_at = store.changelog_offset
-            directory.release(store, wipe=self._wipe, name=self.name)
+        if store is not None:  # what it holds if checked against the changelog (a restore not done: unknown)
+            self.released_at = directory.release(store, wipe=self._wipe, name=self.name)
         log.info("%s: closed", self.name)

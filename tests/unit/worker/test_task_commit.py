@@ -4,6 +4,8 @@ and what a closed task still holds."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -202,3 +204,35 @@ async def test_a_task_closed_before_its_store_ever_opened_released_no_position(t
         await task.open(h.txn, time.monotonic() + 0.1)
     assert task.state is S.CLOSED
     assert task.released_at is None
+
+
+async def test_a_task_closed_before_its_restore_checked_its_store_leaves_no_position_to_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store on disk ahead of its changelog (another log's cache), released before the restore checked it:
+    the task says it released no known position, so its worker never claims the store (issue 34, item 7)."""
+    h = Harness(tmp_path)
+    task = h.task(0)
+    path = store_path(h.settings.state_dir, TOPOLOGY, h.settings.group, task.tp)
+    ahead = directory.open_store(path, bucket_ms=directory.topology_bucket_ms(TOPOLOGY), identity=task.identity)
+    ahead.write({}, changelog_offset=1000, stream_time=0)
+    ahead.close()
+    restorer = h.context.restorer
+    assert restorer is not None
+    never = asyncio.Event()
+
+    async def stalled(store: PartitionStore, changelog: TopicPartition) -> int:
+        await never.wait()
+        return -1
+
+    monkeypatch.setattr(restorer, "end_of", stalled)
+    opening = asyncio.ensure_future(task.open(h.txn, time.monotonic() + 60))
+    while task.store is None:
+        await asyncio.sleep(0)
+    assert task.store.changelog_offset == 1000
+    task.close()
+    opening.cancel()
+    with contextlib.suppress(asyncio.CancelledError, PartitionUnservedError):
+        await opening
+    assert task.released_at is None
+    h.close()
