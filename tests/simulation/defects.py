@@ -424,6 +424,29 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    36: (
+        "stores found on disk at start claim their positions unchecked: a store ahead of its changelog too",
+        [
+            (
+                "worker/standbys.py",
+                "            if end is not None and offset < end:\n",
+                "            if True:\n",
+            ),
+        ],
+    ),
+    37: (
+        "a task released before its restore checked its store leaves the store's unchecked position to claim",
+        [
+            (
+                "worker/task.py",
+                "            self.released_at = directory.release(store, wipe=self._wipe, name=self.name)\n",
+                (
+                    "            self.released_at = store.changelog_offset\n"
+                    "            directory.release(store, wipe=self._wipe, name=self.name)\n"
+                ),
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

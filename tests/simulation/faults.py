@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from random import Random
 from typing import Any
 
@@ -184,15 +185,46 @@ class _FailingFamily:
         return _FailingFamily(self._inner.create_column_family(*args, **kwargs), self._store)
 
 
+class StoreLedger:
+    """What each store on the simulated disks holds, as the world sees it: an open store's changelog
+    offset live, a closed one's as it was closed (the truth a worker's claims are held to, claims.py)."""
+
+    def __init__(self) -> None:
+        self.open: dict[Path, PartitionStore] = {}
+        self.closed_at: dict[Path, int] = {}
+
+    def opened(self, store: PartitionStore) -> None:
+        self.open[store.path.resolve()] = store
+
+    def closed(self, store: PartitionStore) -> None:
+        path = store.path.resolve()
+        if self.open.get(path) is store:
+            del self.open[path]
+        self.closed_at[path] = store.changelog_offset
+
+    def holds(self, path: Path) -> int | None:
+        """The changelog offset the store at ``path`` holds (-1: none there); None when the world never saw it."""
+        path = path.resolve()
+        store = self.open.get(path)
+        if store is not None:
+            return store.changelog_offset
+        if not (path / "CURRENT").is_file():
+            return -1
+        return self.closed_at.get(path)
+
+
 class SimStore(PartitionStore):
     """A real RocksDB store that a simulated process owns: closed when that process dies (the OS
     releases its lock), and failing on demand where RocksDB would (its database and column
     families raise as rocksdict does, so the store's own error handling runs)."""
 
     faults: DiskFaults | None = None
+    ledger: StoreLedger | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.ledger is not None:
+            self.ledger.opened(self)
         process = CURRENT.get()
         self.slot = process.name.split(".")[0] if process is not None else "?"
         if process is not None:
@@ -203,6 +235,11 @@ class SimStore(PartitionStore):
     def _died(self) -> None:
         if not self.closed:
             self.close()
+
+    def close(self) -> None:
+        if not self.closed and self.ledger is not None:
+            self.ledger.closed(self)
+        super().close()
 
     def maybe_fail(self, method: str) -> None:
         if self.faults is not None and self.faults.take(self.slot, method):

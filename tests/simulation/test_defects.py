@@ -107,6 +107,10 @@ CASES = [
     (34, "time", 45, "w1.3's standby of sim.raw-2 is following at changelog offset -1"),
     # a bucket whose creation failed is deleted from a table it never entered (bucket faults, mixes.py)
     (35, "time", 28, "w1.1 exited on its own: exit 1: KeyError(490899)"),
+    # stores found on disk at start claim their positions unchecked (issue 34, item 7; claims.py)
+    (36, "standby", 8, "w1.2 claims sim.raw-0 at changelog offset 1070, beyond its changelog's end 74"),
+    # a task released before its restore checked its store claims it (issue 34, item 7; found by claims.py)
+    (37, "default", 23, "w0.4 claims sim.raw-1 at changelog offset 1002, beyond its changelog's end 2"),
 ]
 
 

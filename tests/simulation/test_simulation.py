@@ -134,6 +134,10 @@ FOUND: dict[tuple[str, int], str] = {
         3276,
     ): "a topic limit lowered under running workers: every record was found by refused transactions",
     (
+        "default",
+        23,
+    ): "a task released before its restore checked its store claimed it: a store ahead of its changelog (issue 34)",
+    (
         "redrive",
         60090,
     ): "pipeline rescale died of aiokafka admin's bare TimeoutError in an outage: half raised, never rerun",

@@ -39,7 +39,16 @@ from pipeline.worker.settings import WorkerSettings
 from tests.simulation import broker as b
 from tests.simulation import faults as fault_module
 from tests.simulation import handlers, oracle, redrive, timeline, warmth, wire
-from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, DiskFaults, Fault, SimStore
+from tests.simulation.claims import ClaimCheck
+from tests.simulation.faults import (
+    RECONFIGURE,
+    RESCALE,
+    REVOKE_MID_OPEN,
+    DiskFaults,
+    Fault,
+    SimStore,
+    StoreLedger,
+)
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
@@ -168,6 +177,8 @@ class World:
         self.broker = b.Broker(self.loop, Random(self.rng.getrandbits(64)), self.note)
         self.network = wire.Network(self.broker, Random(self.rng.getrandbits(64)))
         self.disk = DiskFaults()
+        self.ledger = StoreLedger()  # what each store on the disks holds (the claims' truth)
+        self.claims = ClaimCheck(self, self.ledger)
         self.topology_path = root / "topology.toml"
         self.use_topology(fixed=False)
         self.partitions_now = scenario.partitions  # the input's partition count (a rescale raises it)
@@ -282,19 +293,22 @@ class World:
         root_logger.setLevel(logging.INFO)
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
         SimStore.faults = self.disk
+        SimStore.ledger = self.ledger
         random.seed(
             self.scenario.seed
         )  # aiokafka shuffles with the module's generator (fetches, node choice)
         asyncio.set_event_loop(self.loop)
         try:
-            with virtual_time(self.loop), wire.installed(self.network):
+            with virtual_time(self.loop), wire.installed(self.network), self.claims.installed():
                 try:
                     self.loop.run_until_complete(self._main())
                 except LivelockError as exc:
                     self.problems.append(f"livelock: {exc}")
                     self.problems.extend(self._diagnose())
+            self.problems.extend(self.claims.problems)
         finally:
             SimStore.faults = None
+            SimStore.ledger = None
             root_logger.removeHandler(handler)
             root_logger.setLevel(saved_level)
             asyncio.set_event_loop(None)
@@ -397,7 +411,7 @@ class World:
         if self.problems:
             return
         verdict = oracle.check(self.broker, self.oracle_facts())
-        self.counts = verdict.counts
+        self.counts = {**verdict.counts, "claims": self.claims.claims}
         self.problems.extend(verdict.problems)
         self.problems.extend(self.broker.owner_violations[:5])
         self.problems.extend(self.network.errors[:5])

@@ -214,7 +214,9 @@ async def test_a_task_closed_before_its_restore_checked_its_store_leaves_no_posi
     h = Harness(tmp_path)
     task = h.task(0)
     path = store_path(h.settings.state_dir, TOPOLOGY, h.settings.group, task.tp)
-    ahead = directory.open_store(path, bucket_ms=directory.topology_bucket_ms(TOPOLOGY), identity=task.identity)
+    ahead = directory.open_store(
+        path, bucket_ms=directory.topology_bucket_ms(TOPOLOGY), identity=task.identity
+    )
     ahead.write({}, changelog_offset=1000, stream_time=0)
     ahead.close()
     restorer = h.context.restorer
