@@ -66,7 +66,11 @@ class ClaimCheck:
         who = process.name if process is not None else "?"
         settings, topology = replicas.settings, replicas.context.topology
         changelogs = self.world.changelog_of()
-        for tp, position in sorted(held.positions.items()):
+        positions: dict[TopicPartition, object] = dict(held.positions)  # as sent: typed int, not checked
+        for tp, position in sorted(positions.items()):
+            if not isinstance(position, int):  # decode_claim then drops the member's whole claim
+                self._problem(f"{who} claims {_name(tp)} at {position!r}, not a changelog offset")
+                continue
             if position < 0:
                 continue
             self.claims += 1
