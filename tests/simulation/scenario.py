@@ -177,11 +177,8 @@ class Scenario:
             self.faults = sorted([*self.faults, lost], key=lambda f: f.at)
         rng = _apart(seed, 15)
         if rng.random() < mix.bucket_fails:
-            at, slot = (
-                rng.uniform(1.0, load.duration + 5.0),
-                rng.randrange(self.workers),
-            )  # after a downtime too
-            bucket = Fault(at, "disk", slot, detail="create", steps=rng.randint(1, 3))
+            at = rng.uniform(1.0, load.duration + 5.0)  # load.duration: after a downtime too
+            bucket = Fault(at, "disk", rng.randrange(self.workers), detail="create", steps=rng.randint(1, 3))
             self.faults = sorted([*self.faults, bucket], key=lambda f: f.at)
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:

@@ -54,9 +54,8 @@ class TimePlan:
     downtime: Fault | None
     jumps: tuple[Fault, ...]
     log_append_time: bool  # the changelogs stamped by the broker
-    silent: bool = (
-        False  # the downtime outlasts the changelog's retention, and nothing is delivered during it
-    )
+    # the downtime outlasts the changelog's retention, and nothing is delivered during it
+    silent: bool = False
 
     @property
     def ttl_ms(self) -> int:
