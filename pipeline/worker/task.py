@@ -58,7 +58,7 @@ class ActiveTask:
         self.store: PartitionStore | None = None
         self.part: PartitionTransaction | None = None
         self.stage: Stage | None = None
-        self.released_at: int | None = None  # the checked changelog offset its store left on disk (directory.release)
+        self.released_at: int | None = None  # the checked offset its store left on disk (release)
         self._wipe = False  # the store cannot be read: wipe it when released
 
     # -- state -----------------------------------------------------------------------
