@@ -365,6 +365,7 @@ class Broker:
         self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
         # transactional id -> when a produce of it was last refused as corrupt
         self.corrupted_at: dict[str, float] = {}
+        self.refuse_plain = 0  # produce requests not transactional (a dlq replay's) to refuse as corrupt
         self.lose_reply = False  # the reply being written is lost with its connection (faults.LOST_COMMIT)
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
@@ -469,6 +470,12 @@ class Broker:
                 if error:
                     self.trace(f"broker: produce {topic}-{partition} refused as corrupt (injected)")
                     return error, -1
+            elif self.refuse_plain:
+                self.refuse_plain -= 1
+                self.trace(
+                    f"broker: produce {topic}-{partition} (not transactional) refused as corrupt (injected)"
+                )
+                return CORRUPT_MESSAGE, -1
             now_ms = self.now_ms()
             error, base = log.append(produced, config, now_ms)
             if error == MESSAGE_TOO_LARGE:

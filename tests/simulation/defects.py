@@ -447,6 +447,16 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    38: (
+        "dlq replay waits for its sends but checks none: a record Kafka refused counts as replayed",
+        [
+            (
+                "ops/dlq.py",
+                "        exc = future.exception()\n",
+                "        exc = None\n",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -44,6 +44,9 @@ CORRUPT = "corrupt"
 # producer takes the transactional id before the client asks again: the retry is answered "fenced" for a
 # commit that took (the default mix; drawn apart)
 LOST_COMMIT = "lost-commit"
+# the broker refuses the next produce request of a ``dlq replay`` (the only producer that is not
+# transactional) as CORRUPT_MESSAGE, once, which aiokafka does not retry (the redrive mix; drawn apart)
+REFUSE_REPLAY = "refuse-replay"
 STANDBY_KINDS = (  # drawn apart (draw_standby), so that the draws of KINDS stay what they were for every seed
     "promote-mid-replay",  # a worker's standby fetches crawl; the owner of one of its standbys leaves: promoted mid-replay
     "leader-kill",  # a worker joins; the group's leader is SIGKILLed while the assignment is being made

@@ -21,7 +21,8 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   new column family);
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
-  once, killed or cut off by broker outages, of records older than the TTL;
+  once, killed or cut off by broker outages, of records older than the TTL; in half the seeds Kafka
+  refuses one produce request of a replay (``refuse-replay``);
 - ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
   and topic configuration changes; not in the suite (docs/reliability.md: what rule 2 of the
   TTL windows leaves open after a rescale);
@@ -69,9 +70,8 @@ class Mix:
     sliding: float = 0.0  # chance that the sources' expiry slides (every copy renews its key's claim)
     lost_commit: float = 0.0  # chance of a commit that took answered "fenced" (faults.LOST_COMMIT)
     silent: float = 0.0  # with a downtime, chance that it is silent and outlasts the changelog's retention
-    bucket_fails: float = (
-        0.0  # chance of a worker failing to create its next buckets (a ``disk`` fault, ``create``)
-    )
+    bucket_fails: float = 0.0  # chance of a worker's next bucket creations failing (``disk``, ``create``)
+    refuse_replay: float = 0.0  # with redrives, chance that Kafka refuses one produce request of a replay
 
 
 MIXES: dict[str, Mix] = {
@@ -123,7 +123,7 @@ MIXES: dict[str, Mix] = {
             silent=0.35,
             bucket_fails=0.5,
         ),
-        Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2),
+        Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
         Mix(
             "static",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -137,17 +138,28 @@ class Operators:
             )
 
     def _replays_sent(self) -> int:
-        """How many records replays sent are in the topics they send to, read as the oracle reads them (a
-        replay is not transactional: its records count once written)."""
+        """How many records replays sent are in the topics they send to."""
+        return sum(1 for _ in self._replayed_records())
+
+    def _replays_landed(self) -> set[str]:
+        """The DLQ records (``<dlq>:<partition>:<offset>``) some replay's record in Kafka says it came from."""
+        return {value.decode() for value in self._replayed_records()}
+
+    def _replayed_records(self) -> Iterator[bytes]:
+        """The ``replayed-from`` header of every record replays wrote to the topics they send to, read from
+        the log itself: a replay is not transactional, so its records are there once written, even behind a
+        worker's open transaction that holds a read_committed reader back."""
         topics = self.world.topology.topics
         names = [topics.input] + ([topics.effects] if self.world.scenario.effects else [])
-        return sum(
-            1
-            for name in names
-            for log in self.world.broker.topics[name].partitions
-            for record in log.committed_records()
-            if record.header(REPLAYED_FROM_HEADER) is not None
-        )
+        for name in names:
+            for log in self.world.broker.topics[name].partitions:
+                for batch in log.batches:
+                    if batch.control is not None or batch.transactional:
+                        continue
+                    for record in batch.records:
+                        value = record.header(REPLAYED_FROM_HEADER)
+                        if value is not None:
+                            yield value
 
     def _replay(self, *, dry_run: bool = False) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
         world = self.world
@@ -188,10 +200,11 @@ class Operators:
             world.problems.append(f"{run.name}: dlq replay failed with {exc!r}, not one readable line")
         world.note(f"{run.name} ended: {run.outcome[:300]}")
         if run.outcome.startswith("exit 0"):
-            self._check_covered(run)
+            self._check_covered(run, dry_run=dry_run)
 
-    def _check_covered(self, run: ReplayRun) -> None:
-        """A run that exits 0 replayed every record its filter takes that the DLQ held when it began."""
+    def _check_covered(self, run: ReplayRun, *, dry_run: bool) -> None:
+        """A run that exits 0 replayed every record its filter takes that the DLQ held when it began, and
+        (unless a dry run) each record it says it replayed is in Kafka."""
         world = self.world
         plan = world.scenario.redrive
         reasons = plan.reasons if plan is not None else frozenset()
@@ -209,6 +222,14 @@ class Operators:
                         f"{run.name} exited 0 without replaying {where} ({reason}), which the DLQ held when it began"
                     )
                     return
+        if dry_run:
+            return
+        missing = sorted(run.replayed - self._replays_landed())
+        if missing:
+            world.problems.append(
+                f"{run.name} exited 0 saying it replayed {missing[0]}, but no record replayed from it is in "
+                f"Kafka ({len(missing)} such)"
+            )
 
     async def _watch(self, started: tuple[ReplayRun, Process, asyncio.Task[Any]], kill_after: float) -> None:
         run, process, task = started

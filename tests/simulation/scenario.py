@@ -180,6 +180,12 @@ class Scenario:
             at = rng.uniform(1.0, load.duration + 5.0)  # load.duration: after a downtime too
             bucket = Fault(at, "disk", rng.randrange(self.workers), detail="create", steps=rng.randint(1, 3))
             self.faults = sorted([*self.faults, bucket], key=lambda f: f.at)
+        rng = _apart(seed, 16)
+        if self.redrive is not None and rng.random() < mix.refuse_replay:
+            replays = [f for f in self.faults if f.kind == redrive_module.REPLAY]
+            at = rng.choice(replays).at if replays else rng.uniform(1.0, duration)  # as a replay starts
+            refuse = Fault(at, fault_module.REFUSE_REPLAY)
+            self.faults = sorted([*self.faults, refuse], key=lambda f: f.at)
         rng = _apart(seed, 7)  # after the time area, whose draws follow the deliveries
         if rng.random() < mix.handler:
             fixable = self.redrive is not None

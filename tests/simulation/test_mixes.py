@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.simulation import handlers, redrive, timeline
-from tests.simulation.faults import LOST_COMMIT, RESCALE, REVOKE_MID_OPEN, STANDBY_KINDS, TWIN
+from tests.simulation.faults import LOST_COMMIT, REFUSE_REPLAY, RESCALE, REVOKE_MID_OPEN, STANDBY_KINDS, TWIN
 from tests.simulation.mixes import MIXES, parse_runs, suite
 from tests.simulation.scenario import Scenario
 
@@ -137,3 +137,15 @@ def test_the_time_mix_fails_bucket_creations_in_about_half_its_seeds() -> None:
     ]
     assert 50 < len(armed) < 100
     assert not any(f.detail == "create" for seed in SEEDS for f in Scenario.draw(seed, "default").faults)
+
+
+def test_the_redrive_mix_refuses_a_replays_produce_in_about_half_its_seeds() -> None:
+    """redrive: about half the seeds have Kafka refuse one produce request of a dlq replay, armed as a replay
+    run starts; no other mix does."""
+    armed = [s for s in SEEDS if any(f.kind == REFUSE_REPLAY for f in Scenario.draw(s, "redrive").faults)]
+    assert 50 < len(armed) < 100
+    for seed in armed[:20]:
+        faults = Scenario.draw(seed, "redrive").faults
+        [refuse] = [f for f in faults if f.kind == REFUSE_REPLAY]
+        assert any(f.kind == redrive.REPLAY and f.at == refuse.at for f in faults)
+    assert not any(f.kind == REFUSE_REPLAY for seed in SEEDS for f in Scenario.draw(seed, "default").faults)

@@ -661,6 +661,10 @@ class World:
             if txn_id is not None:
                 self.broker.inject(kind, "produce", txn_id)
             return
+        if kind == fault_module.REFUSE_REPLAY:
+            self.broker.refuse_plain += 1
+            self.note("the broker will refuse the next produce request of a dlq replay as corrupt")
+            return
         if kind == fault_module.LOST_COMMIT:
             txn_id = self._txn_of_partition(fault.target)
             if txn_id is not None:
