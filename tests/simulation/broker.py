@@ -79,6 +79,8 @@ GROUP_AUTHORIZATION_FAILED = 30
 CORRUPT_MESSAGE = 2
 # a corrupt refusal of a producer at most this often: the redo of the one before is taken
 CORRUPT_APART_S = 5.0
+# what a fault injected for every producer that is not transactional (a dlq replay's) waits for
+PLAIN_PRODUCE = "plain-produce"
 
 NO_LIMIT = 2**63 - 1
 DEFAULT_TXN_TIMEOUT_S = 60.0
@@ -365,7 +367,6 @@ class Broker:
         self.refused: list[blame.Refusal] = []  # records of the batches refused for their size or timestamp
         # transactional id -> when a produce of it was last refused as corrupt
         self.corrupted_at: dict[str, float] = {}
-        self.refuse_plain = 0  # produce requests not transactional (a dlq replay's) to refuse as corrupt
         self.lose_reply = False  # the reply being written is lost with its connection (faults.LOST_COMMIT)
 
     def inject(self, fault: str, detail: str, txn_id: str) -> None:
@@ -470,8 +471,7 @@ class Broker:
                 if error:
                     self.trace(f"broker: produce {topic}-{partition} refused as corrupt (injected)")
                     return error, -1
-            elif self.refuse_plain:
-                self.refuse_plain -= 1
+            elif self.injected and self._take(PLAIN_PRODUCE, "") is not None:
                 self.trace(
                     f"broker: produce {topic}-{partition} (not transactional) refused as corrupt (injected)"
                 )

@@ -662,7 +662,7 @@ class World:
                 self.broker.inject(kind, "produce", txn_id)
             return
         if kind == fault_module.REFUSE_REPLAY:
-            self.broker.refuse_plain += 1
+            self.broker.inject(kind, b.PLAIN_PRODUCE, "")  # no transactional id: any plain producer's
             self.note("the broker will refuse the next produce request of a dlq replay as corrupt")
             return
         if kind == fault_module.LOST_COMMIT:
