@@ -100,6 +100,15 @@ class BrokerUnavailableError(PipelineError):
     reason = "broker-unavailable"
 
 
+class RestoreIncompleteError(PipelineError):
+    """A restore ended short of the changelog end it was to reach: the store lacks claims its
+    changelog holds, so its partition is not served; opening it again replays on from the store's
+    position."""
+
+    retriable = True
+    reason = "restore-incomplete"
+
+
 class StoreError(PipelineError):
     """The local state store failed."""
 

@@ -21,7 +21,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Gauge
 
-from pipeline.errors import BrokerUnavailableError, StoreStaleError
+from pipeline.errors import BrokerUnavailableError, RestoreIncompleteError, StoreStaleError
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.state.replay import WRITE_RECORDS, Replay, expires_at
 from pipeline.state.store import PartitionStore
@@ -117,7 +117,8 @@ class Restorer:
         offset commit or the transaction timeout aborts) is waited for, so that a new owner never
         serves without claims its predecessor committed. ``remaining`` is an already labelled Gauge
         child, set to the records left. Raises :class:`BrokerUnavailableError` when the broker
-        cannot be reached, and :class:`StoreStaleError` when the store is ahead of the changelog.
+        cannot be reached, :class:`StoreStaleError` when the store is ahead of the changelog, and
+        :class:`RestoreIncompleteError` when the replay ended short of the end.
         """
         try:
             reader = await self.reader()
@@ -132,6 +133,10 @@ class Restorer:
                 applied = await replay.run(end, progress_every=progress_every, remaining=remaining)
         except KafkaError as exc:
             raise BrokerUnavailableError(f"restore {changelog}: {exc!r}") from exc
+        if replay.position < end:  # run returns at the end or raises: never serve a store short of it
+            raise RestoreIncompleteError(
+                f"restore {changelog}: the replay stopped at offset {replay.position}, short of its end {end}"
+            )
         store.expire()
         if remaining is not None:
             remaining.set(0)

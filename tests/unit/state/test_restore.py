@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.record.memory_records import MemoryRecords
 
-from pipeline.errors import BrokerUnavailableError, StoreStaleError
+from pipeline.errors import BrokerUnavailableError, RestoreIncompleteError, StoreStaleError
 from pipeline.kafka.internals import RawFetch
 from pipeline.state.decision import Entry
 from pipeline.state.restore import RestoreBudget, Restorer, expires_at
@@ -219,6 +219,41 @@ async def test_a_store_beyond_its_changelogs_end_is_stale_naming_the_changelog_p
             await restorer.restore(store, CHANGELOG)
         with pytest.raises(StoreStaleError, match=beyond):
             await restorer.end_of(store, CHANGELOG)
+    finally:
+        store.close()
+        await restorer.close()
+
+
+class ShortReplay:
+    """A replay that applies nothing and returns at once, short of any end (what a bug in the fetch loop would do)."""
+
+    def __init__(self, store: PartitionStore, *_args: object, **_options: object) -> None:
+        self.position = store.changelog_offset + 1
+
+    async def run(self, end: int, **_options: object) -> int:
+        return 0
+
+
+async def test_a_restore_whose_replay_stops_short_of_the_log_end_is_not_level_and_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay that returns before the end it was asked to reach leaves the store short of its changelog:
+    the restore raises a retriable RestoreIncompleteError naming both offsets, it never returns as level."""
+    monkeypatch.setattr("pipeline.state.restore.Replay", ShortReplay)
+    budget = RestoreBudget(10_000)
+    reader = SplitReader([b"a", b"b"], budget)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR)
+    left = Gauge()
+    try:
+        with pytest.raises(
+            RestoreIncompleteError,
+            match=r"restore .*app-seen-changelog.*stopped at offset 0, short of its end 2",
+        ) as raised:
+            await restorer.restore(store, CHANGELOG, remaining=left)  # type: ignore[arg-type]
+        assert raised.value.retriable
+        assert left.values == []  # nothing says the restore is done
+        assert budget._free == 10_000
     finally:
         store.close()
         await restorer.close()
