@@ -159,12 +159,18 @@ class Restorer:
         """One round of a standby: replay ``changelog`` from the store's offset to the end it has now
         (the last stable offset); return (records applied, that end).
 
-        Each fetch holds the reader's fetch size of the budget, behind any restore. Raises
-        :class:`StoreStaleError` when the store is ahead of the changelog, and aiokafka's
-        ``KafkaError`` when the broker cannot be reached (the standby tries again later).
+        Each fetch holds the reader's fetch size of the budget, behind any restore. A store past the
+        stable end is held to the log end: its last commit went through and the markers are on their
+        way (the active applies its store once ``EndTxn`` returns, before the coordinator writes them),
+        so there is nothing to replay yet. Raises :class:`StoreStaleError` when the store is beyond
+        the log end (a cache of another log), and aiokafka's ``KafkaError`` when the broker cannot be
+        reached (the standby tries again later).
         """
         reader = await self.reader()
         end = await reader.end(changelog)
+        if store.changelog_offset >= end:
+            _level(store, changelog, await reader.log_end(changelog))
+            return 0, end
         if _level(store, changelog, end):
             return 0, end
         replay = Replay(store, reader, changelog, prefetch=False, quiet=True)

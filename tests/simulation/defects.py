@@ -457,6 +457,20 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    39: (
+        "a standby wipes a store past the stable end as stale: its last commit's markers on their way",
+        [
+            (
+                "state/restore.py",
+                (
+                    "        if store.changelog_offset >= end:\n"
+                    "            _level(store, changelog, await reader.log_end(changelog))\n"
+                    "            return 0, end\n"
+                ),
+                "",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

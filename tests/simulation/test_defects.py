@@ -21,6 +21,13 @@ CASES = [
     (3, "classic", 5, "stripe:evt_5_20: sim.raw-1@8 (s32) (time 1767225605944) was duplicate"),
     # a zombie's offsets without its generation
     (4, "classic", 17, "sim.raw-0@6 (s34): 2 audit records, expected 1"),
+    # a reopen racing a rebalance: the revoked tasks stay in the table, their partitions never served again
+    (
+        5,
+        "default",
+        0,
+        "PartitionUnservedError('partition sim-effects-0 is assigned but not served for 120s')",
+    ),
     # batches larger than the topic takes
     (6, "classic", 29, "as larger than its max.message.bytes"),
     # offsets read while a transaction holds them
@@ -117,6 +124,13 @@ CASES = [
         "redrive",
         0,
         "replay2 exited 0 saying it replayed sim.dlq:3:2, but no record replayed from it is in Kafka",
+    ),
+    # a standby wipes a store past the stable end, its last commit's markers on their way (stale.py)
+    (
+        39,
+        "standby",
+        0,
+        "w2.1 called its store of sim-seen-changelog-3 at changelog offset 5 stale against an end of 3",
     ),
 ]
 

@@ -53,6 +53,7 @@ from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState,
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
 from tests.simulation.scenario import APP, GROUP, Scenario
+from tests.simulation.stale import StaleCheck
 
 SETTLE_LIMIT_S = 900.0  # after the schedule, the longest the workers may take to catch up
 STOP_LIMIT_S = 60.0  # the longest a worker may take to stop when asked
@@ -179,6 +180,7 @@ class World:
         self.disk = DiskFaults()
         self.ledger = StoreLedger()  # what each store on the disks holds (the claims' truth)
         self.claims = ClaimCheck(self, self.ledger)
+        self.stale = StaleCheck(self)  # a store wiped as stale must be beyond its changelog's end
         self.topology_path = root / "topology.toml"
         self.use_topology(fixed=False)
         self.partitions_now = scenario.partitions  # the input's partition count (a rescale raises it)
@@ -299,13 +301,19 @@ class World:
         )  # aiokafka shuffles with the module's generator (fetches, node choice)
         asyncio.set_event_loop(self.loop)
         try:
-            with virtual_time(self.loop), wire.installed(self.network), self.claims.installed():
+            with (
+                virtual_time(self.loop),
+                wire.installed(self.network),
+                self.claims.installed(),
+                self.stale.installed(),
+            ):
                 try:
                     self.loop.run_until_complete(self._main())
                 except LivelockError as exc:
                     self.problems.append(f"livelock: {exc}")
                     self.problems.extend(self._diagnose())
             self.problems.extend(self.claims.problems)
+            self.problems.extend(self.stale.problems)
         finally:
             SimStore.faults = None
             SimStore.ledger = None
@@ -411,7 +419,7 @@ class World:
         if self.problems:
             return
         verdict = oracle.check(self.broker, self.oracle_facts())
-        self.counts = {**verdict.counts, "claims": self.claims.claims}
+        self.counts = {**verdict.counts, "claims": self.claims.claims, "stale": self.stale.stale}
         self.problems.extend(verdict.problems)
         self.problems.extend(self.broker.owner_violations[:5])
         self.problems.extend(self.network.errors[:5])

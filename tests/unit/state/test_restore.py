@@ -259,6 +259,43 @@ async def test_a_restore_whose_replay_stops_short_of_the_log_end_is_not_level_an
         await restorer.close()
 
 
+class MarkersOnTheirWay(SplitReader):
+    """A changelog of ``count`` records whose last transaction is committed and its markers not yet written:
+    its last stable offset (``end``) is ``stable``, below its log end."""
+
+    def __init__(self, keys: list[bytes], budget: RestoreBudget, *, stable: int) -> None:
+        super().__init__(keys, budget)
+        self.stable = stable
+
+    async def end(self, tp: TopicPartition) -> int:
+        return {CHANGELOG: self.stable}[tp]
+
+
+async def test_a_standby_round_keeps_a_store_past_the_stable_end_that_the_log_end_covers(
+    tmp_path: Path,
+) -> None:
+    """A store at offset 4 of a changelog whose log ends at 6 and whose last stable offset is 3 (the store's
+    last commit went through, its markers are on their way): the round replays nothing and the store is
+    kept as it is, not wiped as a cache of another log; at offset 6, beyond the log end, it is stale."""
+    budget = RestoreBudget(10_000)
+    reader = MarkersOnTheirWay([b"a", b"b", b"c", b"d", b"e", b"f"], budget, stable=3)
+    restorer = Restorer(lambda: reader, budget, fetch_bytes=reader.fetch_bytes)  # type: ignore[arg-type,return-value]
+    store = PartitionStore.open(tmp_path / "p", bucket_ms=HOUR, follow=True)
+    try:
+        store.write_raw([], changelog_offset=4, stream_time=0)
+        assert await restorer.catch_up(store, CHANGELOG) == (0, 3)
+        assert store.changelog_offset == 4
+        assert store.checked
+        store.write_raw([], changelog_offset=6, stream_time=0)
+        with pytest.raises(
+            StoreStaleError, match=r"at changelog offset 6, beyond the end of app-seen-changelog-0 \(6\)"
+        ):
+            await restorer.catch_up(store, CHANGELOG)
+    finally:
+        store.close()
+        await restorer.close()
+
+
 class WatchedReader(SplitReader):
     """A :class:`SplitReader` that notes, at each fetch, the offset asked and the store's position then; each fetch
     takes ``fetch_seconds`` of ``clock``."""
