@@ -7,6 +7,10 @@ seeds of mix M against that copy: each must fail, while the same seeds pass on t
 it is. ``tests/simulation/test_defects.py`` checks that for the seed
 ``docs/reliability.md`` records for each. A patch that no longer applies means the code it
 undoes changed: update the patch to undo the fix as the code now has it.
+
+``python -m tests.simulation.defects --census --mix suite --seeds 300 [N ...]`` runs each defect
+(default: all) against the same seeds, each until one fails, and prints which run caught it
+first and after how many runs, or that none did (docs/reliability.md, "The census").
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -517,24 +522,54 @@ def run_with_defect(
         )
 
 
+def census(defects: list[int], mix: str, seeds: int, first: int) -> int:
+    """Run each defect against the same seeds until one fails; print one line each: the run that caught it and
+    how many runs that took, or that none did. Returns how many no run caught."""
+    missed = 0
+    for defect in defects:
+        started = time.monotonic()
+        args = ["--mix", mix, "--seeds", str(seeds), "--first", str(first), "--stop-after", "1"]
+        out = run_with_defect(defect, args, timeout=36000).stdout.splitlines()
+        failed = next((line for line in out if line.startswith("FAIL ")), None)
+        ran = next((line.split()[0] for line in reversed(out) if " seeds in " in line), "?")
+        took = f"{ran} runs, {time.monotonic() - started:.0f}s"
+        if failed is None:
+            missed += 1
+            print(f"defect {defect}: not caught ({took})", flush=True)
+        else:
+            run, _, problem = failed[5:].partition(": ")
+            print(f"defect {defect}: caught by {run} ({took}): {problem[:160]}", flush=True)
+    return missed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.simulation.defects", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("defect", type=int, choices=sorted(DEFECTS))
+    parser.add_argument("defect", type=int, nargs="*", help="the defects (--census: default all)")
     parser.add_argument(
-        "--mix", default="default", help="the fault mix of the seeds (tests/simulation/mixes.py)"
+        "--mix", default="default", help="the fault mix of the seeds (tests/simulation/mixes.py; suite)"
     )
     parser.add_argument("--seed", type=int, help="run this seed (default: search --seeds from --first)")
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--first", type=int, default=0)
+    parser.add_argument(
+        "--census", action="store_true", help="each defect against the same seeds: which run catches it first"
+    )
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.defect) - set(DEFECTS))
+    if unknown:
+        parser.error(f"no defect {unknown[0]} (the defects: 1-{max(DEFECTS)})")
+    if args.census:
+        return 1 if census(args.defect or sorted(DEFECTS), args.mix, args.seeds, args.first) else 0
+    if len(args.defect) != 1:
+        parser.error("name one defect (or several with --census)")
     run_args = ["--mix", args.mix] + (
         ["--seed", str(args.seed)]
         if args.seed is not None
         else ["--seeds", str(args.seeds), "--first", str(args.first), "--stop-after", "3"]
     )
-    result = run_with_defect(args.defect, run_args, timeout=36000)
+    result = run_with_defect(args.defect[0], run_args, timeout=36000)
     out = result.stdout
     print(out if len(out) < 20000 else out[:6000] + "\n...\n" + out[-6000:], end="")
     print(result.stderr[-3000:], end="", file=sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.simulation.defects import DEFECTS, make_copy, run_with_defect
+from tests.simulation.defects import DEFECTS, census, main, make_copy, run_with_defect
 
 CASES = [
     # refused outputs: abort, isolate, DLQ, refused again, forever
@@ -149,3 +149,16 @@ def test_the_defect_put_back_fails_its_seed(defect: int, mix: str, seed: int, pr
 def test_each_patch_still_finds_the_fix_it_undoes(defect: int, tmp_path: Path) -> None:
     """Every defect patch applies to pipeline/ as it is: a reworded fix fails here in a second, not after a run."""
     make_copy(defect, tmp_path)
+
+
+def test_the_census_names_the_run_that_caught_each_defect(capsys: pytest.CaptureFixture[str]) -> None:
+    """The census runs a defect against the seeds until one fails, names that run, and counts no miss."""
+    assert census([2], "classic", 1, 0) == 0
+    assert capsys.readouterr().out.startswith("defect 2: caught by classic:0 (1 runs, ")
+
+
+def test_the_defects_command_refuses_a_defect_it_does_not_have() -> None:
+    """An unknown defect number is a usage error (exit 2), not a run of nothing."""
+    with pytest.raises(SystemExit) as exited:
+        main(["999"])
+    assert exited.value.code == 2
