@@ -476,6 +476,112 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    # -- plausible bugs of the kinds issue 34 names, never in the code: the census's first guesses
+    40: (
+        "expiry: a bucket dropped as soon as stream time passes its end, with no grace for late records",
+        [
+            (
+                "state/store.py",
+                "            if (bucket + 1) * self.bucket_ms + grace > self.stream_time:",
+                "            if (bucket + 1) * self.bucket_ms > self.stream_time:",
+            ),
+        ],
+    ),
+    41: (
+        "replay: the records of aborted transactions applied to the store",
+        [
+            (
+                "state/replay.py",
+                "        if batch.is_transactional and producer in aborted_producers:\n            return False",
+                "        if False:\n            return False",
+            ),
+        ],
+    ),
+    42: (
+        "replay: a restored store never takes stream time from the entries it applies",
+        [
+            (
+                "state/replay.py",
+                "                stream_time = max(stream_time, seen)\n",
+                "                pass\n",
+            )
+        ],
+    ),
+    43: (
+        "commit order: the store written before the Kafka commit",
+        [
+            (
+                "state/transaction.py",
+                "            ending = True\n            await self.producer.commit()\n",
+                (
+                    "            for part in parts:\n"
+                    "                committed.parts[part.tp] = part.apply(self.last_offset(part.changelog_slot))\n"
+                    "            ending = True\n"
+                    "            await self.producer.commit()\n"
+                ),
+            ),
+            (
+                "state/transaction.py",
+                (
+                    "        try:\n"
+                    "            for part in parts:\n"
+                    "                committed.parts[part.tp] = part.apply(self.last_offset(part.changelog_slot))\n"
+                    "        finally:\n"
+                    "            self._reset()"
+                ),
+                "        self._reset()",
+            ),
+        ],
+    ),
+    44: (
+        "commit order: the offset committed is the last record's, not the next one's",
+        [
+            (
+                "state/transaction.py",
+                "            offsets = {p.tp: p.next_offset for p in parts if p.next_offset is not None}",
+                "            offsets = {p.tp: p.next_offset - 1 for p in parts if p.next_offset is not None}",
+            ),
+        ],
+    ),
+    45: (
+        "poison: a command too large for its topic still claims its key",
+        [
+            (
+                "worker/event_stage.py",
+                (
+                    "                    delivery, Invalid(RecordTooLargeError.reason, error, item.key, source, item.event_type)\n"
+                    "                )\n"
+                    "                return\n"
+                ),
+                (
+                    "                    delivery, Invalid(RecordTooLargeError.reason, error, item.key, source, item.event_type)\n"
+                    "                )\n"
+                    "                txn.stage(key_bytes, entry, previous)\n"
+                    "                return\n"
+                ),
+            ),
+        ],
+    ),
+    46: (
+        "expiry: a key written to the bucket of its previous copy's expiry",
+        [
+            (
+                "state/store.py",
+                "            bucket = entry.expires_at // width\n",
+                "            bucket = (entry if previous is None else previous).expires_at // width\n",
+            ),
+        ],
+    ),
+    47: (
+        "reopen: a store write that failed after the commit ignored, the task served on",
+        [
+            (
+                "worker/task.py",
+                "        if result.store_error is not None:\n            self.broken(result.store_error)",
+                "        if False:\n            self.broken(result.store_error)",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

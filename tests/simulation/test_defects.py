@@ -132,6 +132,45 @@ CASES = [
         0,
         "w2.1 called its store of sim-seen-changelog-3 at changelog offset 5 stale against an end of 3",
     ),
+    # the census's plausible bugs (defects.py 40-47): never in the code, each caught by a default seed
+    (
+        40,
+        "default",
+        35,
+        "stripe:evt_35_3: sim.raw-1@13 (s8) (time 1766978604828) was first inside the window",
+    ),
+    (
+        41,
+        "default",
+        14,
+        "stripe:evt_14_19: sim.raw-0@28 (s34) (time 1767225616860) was duplicate, but no copy claimed",
+    ),
+    (42, "default", 0, "stripe:evt_0_6: sim.raw-0@3 (s13) claimed until 1767671838523, not one TTL"),
+    (
+        43,
+        "default",
+        18,
+        "stripe:evt_18_23: sim.raw-0@55 (b4-) is a duplicate of a claim expiring at 1767226858992",
+    ),
+    (44, "default", 0, "not settled 900s after the schedule"),
+    (
+        45,
+        "default",
+        8,
+        "stripe:evt_8_z2: sim.raw-1@36 (b2-) (time 1767102226386) was duplicate, but no copy claimed",
+    ),
+    (
+        46,
+        "default",
+        7,
+        "stripe:evt_7_56: sim.raw-2@58 (s115) (time 1767198071131) was first inside the window",
+    ),
+    (
+        47,
+        "default",
+        10,
+        "stripe:evt_10_15: sim.raw-0@4 (s26) (time 1767210811383) was first inside the window",
+    ),
 ]
 
 
