@@ -153,6 +153,10 @@ FOUND: dict[tuple[str, int], str] = {
         "static",
         60020,
     ): "a worker and its twin took turns replacing each other until five fences stopped one (the world's own)",
+    (
+        "time",
+        10090,
+    ): "a record dated ahead before a silent downtime: claims retention deleted still live after it (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 

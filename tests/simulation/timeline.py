@@ -161,12 +161,18 @@ def _around_downtime(down: Fault, load: Workload, faults: list[Fault], rng: Rand
 
 def _after_downtime(down: Fault, load: Workload, faults: list[Fault]) -> list[Fault]:
     """A silent downtime: deliveries and faults from its start on move past it. A moved delivery stamped
-    behind its producer's clock is stamped on time: a copy dated back into a claim the changelog's
-    retention deleted meanwhile is what docs/operations.md ("Expiry and disk") tells the operator to
-    cover with ``retention.ms``, not something the pipeline can keep."""
+    behind its producer's clock is stamped on time, and one before it is never stamped ahead: a copy
+    dated back into a claim the changelog's retention deleted meanwhile is what docs/operations.md
+    ("Expiry and disk") tells the operator to cover with ``retention.ms``, not something the pipeline
+    can keep. A record dated ahead before the downtime would be one: it moves stream time up to the
+    worker's clock plus ``--max-clock-skew``, a whole backlog span ahead of the records' time, so the
+    records after the downtime (as far behind their clock as before) are still inside the windows of
+    claims made then (time seed 10090: 30 h behind, an hour ahead, a 29.8 h downtime)."""
     start, length = down.at, down.duration
     load.deliveries = [
-        replace(d, at=d.at + length, timestamp_skew_ms=max(d.timestamp_skew_ms, 0)) if d.at >= start else d
+        replace(d, at=d.at + length, timestamp_skew_ms=max(d.timestamp_skew_ms, 0))
+        if d.at >= start
+        else replace(d, timestamp_skew_ms=min(d.timestamp_skew_ms, 0))
         for d in load.deliveries
     ]
     return [replace(f, at=f.at + length) if f.at >= start else f for f in faults]
