@@ -31,6 +31,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   and in 60% of the seeds a second process runs for a while under a running worker's instance
   id (a ``twin``: the group takes it in the first one's place, and the one pushed out must stop
   with ``InstanceIdTakenError``);
+- ``retention``: the time scenario with a downtime in every seed, always silent and longer than the
+  changelog's retention, standbys always: the stores kept from before start behind their
+  changelog's log start (the replay kind), which the time mix reaches in few seeds;
 - ``classic``: the scenarios as drawn before these areas existed (the seeds that found holes
   before them replay under it).
 
@@ -72,6 +75,7 @@ class Mix:
     silent: float = 0.0  # with a downtime, chance that it is silent and outlasts the changelog's retention
     bucket_fails: float = 0.0  # chance of a worker's next bucket creations failing (``disk``, ``create``)
     refuse_replay: float = 0.0  # with redrives, chance that Kafka refuses one produce request of a replay
+    downtime: float = 0.0  # with the time scenario, chance of a downtime when its own draw gave none
 
 
 MIXES: dict[str, Mix] = {
@@ -126,6 +130,15 @@ MIXES: dict[str, Mix] = {
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5),
         Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
         Mix(
+            "retention",
+            time=1.0,
+            downtime=1.0,
+            silent=1.0,
+            reconfigure=0.3,
+            kinds={**dict.fromkeys(KINDS, 1.0), "crash": 2.0, "leave": 2.0, "foreign-store": 2.0},
+            standbys_at_least=1,
+        ),
+        Mix(
             "static",
             time=0.2,
             static=1.0,
@@ -135,7 +148,7 @@ MIXES: dict[str, Mix] = {
     )
 }
 
-#: The share of each mix in a run of many seeds (``--mix suite``, what scripts/test runs): out of 22.
+#: The share of each mix in a run of many seeds (``--mix suite``, what scripts/test runs): out of 23.
 SUITE: tuple[tuple[str, int], ...] = (
     ("default", 8),
     ("poison", 3),
@@ -143,6 +156,7 @@ SUITE: tuple[tuple[str, int], ...] = (
     ("time", 3),
     ("redrive", 3),
     ("static", 2),
+    ("retention", 1),
 )
 
 

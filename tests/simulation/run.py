@@ -3,7 +3,7 @@
 One seed (``--seed N``) prints its scenario and verdict, and its trace with ``--trace``.
 Many seeds print a line per failure and, at the end, how many failed and the seeds
 per second. ``--mix`` picks the fault mix (``tests/simulation/mixes.py``: default, poison,
-standby, time, redrive, rescale, classic); ``--mix suite`` runs each mix's share of the seeds, as
+standby, time, redrive, rescale, static, retention, classic); ``--mix suite`` runs each mix's share of the seeds, as
 ``scripts/test`` does. Runs are reproducible only under one hash seed: the runner starts its
 workers with ``PYTHONHASHSEED=0`` (and re-executes itself with it when it is unset).
 Exit status: 0 when every seed passed, 1 otherwise.
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mix",
         default="default",
-        help="the fault mix (default, poison, standby, time, redrive, rescale, classic; suite)",
+        help="the fault mix (default, poison, standby, time, redrive, rescale, static, retention, classic; suite)",
     )
     parser.add_argument("--trace", action="store_true", help="with --seed: print the whole trace")
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")

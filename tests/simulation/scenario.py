@@ -141,6 +141,9 @@ class Scenario:
         rng = _apart(seed, 5)
         if rng.random() < mix.time:
             self.time = timeline.draw(rng, duration=load.duration, workers=self.workers)
+            forced = _apart(seed, 17)
+            if forced.random() < mix.downtime:
+                self.time = timeline.with_downtime(self.time, forced, duration=load.duration)
             silent = _apart(seed, 14)
             # not with redrives: a DLQ record redriven after it is dated back into a claim retention deleted
             if self.time.downtime is not None and self.redrive is None and silent.random() < mix.silent:

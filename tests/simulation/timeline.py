@@ -85,13 +85,7 @@ def draw(rng: Random, *, duration: float, workers: int) -> TimePlan:
     ttl_h = rng.choice((1, 1, 2, 3))
     effect_ttl_h = rng.choice((1, 2))
     span_ms = rng.choice((0, 6, 12, 30, 50)) * HOUR_MS if rng.random() < 0.75 else 0
-    downtime = None
-    if rng.random() < 0.45:
-        least = (2 + max(ttl_h, effect_ttl_h)) * 3600  # a bucket, its grace and the TTL
-        at = rng.uniform(0.2, 0.7) * duration
-        downtime = Fault(
-            at, DOWNTIME, 0, rng.uniform(least, least + 4 * 3600), detail=rng.choice(("term", "kill"))
-        )
+    downtime = _downtime(rng, duration, max(ttl_h, effect_ttl_h)) if rng.random() < 0.45 else None
     jumps = []
     for _ in range(rng.choice((0, 0, 1, 2))):
         offset = rng.choice((-3 * 3600, -40 * 60, 20 * 60, 50 * 60))
@@ -115,6 +109,20 @@ def draw(rng: Random, *, duration: float, workers: int) -> TimePlan:
         jumps=tuple(jumps),
         log_append_time=rng.random() < 0.4,
     )
+
+
+def _downtime(rng: Random, duration: float, ttl_h: int) -> Fault:
+    """Every worker down, from 20-70% into the schedule, for longer than a bucket, its grace and ``ttl_h``."""
+    least = (2 + ttl_h) * 3600
+    at = rng.uniform(0.2, 0.7) * duration
+    return Fault(at, DOWNTIME, 0, rng.uniform(least, least + 4 * 3600), detail=rng.choice(("term", "kill")))
+
+
+def with_downtime(plan: TimePlan, rng: Random, *, duration: float) -> TimePlan:
+    """``plan`` with a downtime drawn from ``rng`` when it drew none (a mix that wants one in every seed)."""
+    if plan.downtime is not None:
+        return plan
+    return replace(plan, downtime=_downtime(rng, duration, max(plan.ttl_h, plan.effect_ttl_h)))
 
 
 def silence(plan: TimePlan, retention_ms: int, rng: Random) -> TimePlan:
