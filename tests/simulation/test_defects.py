@@ -80,15 +80,15 @@ CASES = [
     (
         28,
         "standby",
-        0,
-        "w2.2 found a store it wrote without its identity: store <state>/w2/sim/sim/sim.raw-3",
+        4,
+        "w1.2 found a store it wrote without its identity: store <state>/w1/sim/sim/sim-effects-1",
     ),
     # a standby's replayed records never counted: the operator's metric says 0 (tests/simulation/warmth.py)
     (
         29,
         "standby",
         0,
-        "w0's standbys replayed 27 changelog records, but pipeline_standby_records_total says 0",
+        "w0's standbys replayed 41 changelog records, but pipeline_standby_records_total says 0",
     ),
     # a record alone judged on its first refusal: a one-off corrupt refusal of a DLQ record stops the partition
     (
