@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -168,10 +168,8 @@ class Restorer:
         """
         reader = await self.reader()
         end = await reader.end(changelog)
-        if store.changelog_offset >= end:
-            _level(store, changelog, await reader.log_end(changelog))
-            return 0, end
-        if _level(store, changelog, end):
+        held = await _held_end(reader, changelog, store.changelog_offset, end)
+        if _level(store, changelog, held) or held > end:  # past the stable end: nothing to replay yet
             return 0, end
         replay = Replay(store, reader, changelog, prefetch=False, quiet=True)
         budget = self.budget
@@ -179,12 +177,28 @@ class Restorer:
         store.expire()
         return applied, end
 
+    async def held_ends(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The end each changelog holds a store at ``positions[changelog]`` to (the worker's start-up scan of its
+        stores on disk): its last stable offset, or its log end for a store at or past it, as a standby's round
+        holds it. One ListOffsets for all, one more for each store past its stable end. Raises aiokafka's
+        ``KafkaError`` when the broker cannot be reached.
+        """
+        reader = await self.reader()
+        ends = await reader.ends(positions)
+        return {tp: await _held_end(reader, tp, positions[tp], end) for tp, end in ends.items()}
+
     async def close(self) -> None:
         """Stop the shared reader."""
         async with self._lock:
             reader, self._reader = self._reader, None
         if reader is not None:
             await reader.stop()
+
+
+async def _held_end(reader: ChangelogReader, changelog: TopicPartition, offset: int, stable: int) -> int:
+    """The end a store at changelog ``offset`` is held to: the last stable offset ``stable`` when the store is
+    before it, else the log end (the store's last commit went through, its markers may be on their way)."""
+    return stable if offset < stable else await reader.log_end(changelog)
 
 
 def _level(store: PartitionStore, changelog: TopicPartition, end: int) -> bool:

@@ -69,8 +69,9 @@ class StandbyReplicas:
 
     async def scan(self) -> None:
         """Learn the positions of the stores already on disk (once, at start: each is opened and closed), and
-        check each against its changelog's end: a store beyond it caches another log and claims nothing
-        (it is rebuilt when opened); when the ends cannot be read, none claims anything until opened."""
+        check each against the end its changelog holds it to (``Restorer.held_ends``): a store beyond it caches
+        another log and claims nothing (it is rebuilt when opened); when the ends cannot be read, none claims
+        anything until opened."""
         topology = self.context.topology
         found = directory.stored_positions(
             self.settings.state_dir,
@@ -83,7 +84,7 @@ class StandbyReplicas:
             return
         changelogs = {tp: TopicPartition(self._changelogs[tp.topic], tp.partition) for tp in found}
         try:
-            ends = await self._ends(changelogs.values())
+            ends = await self._ends({changelogs[tp]: offset for tp, offset in found.items()})
         except KafkaError as exc:
             log.warning(
                 "stores on disk claim nothing until opened: their changelogs' ends cannot be read: %r", exc
@@ -110,10 +111,10 @@ class StandbyReplicas:
                 ", ".join(f"{tp.topic}-{tp.partition} at {o}" for tp, o in sorted(self.known.items())),
             )
 
-    async def _ends(self, changelogs: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The changelogs' ends (last stable offsets), read through the restore service's reader."""
-        reader = await self.context.require_restorer().reader()
-        return await reader.ends(changelogs)
+    async def _ends(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The end each changelog holds a store at ``positions[changelog]`` to (the last stable offset, or the log
+        end for a store past it: its last commit's markers on their way), as a standby's round holds it."""
+        return await self.context.require_restorer().held_ends(positions)
 
     def claim(self) -> Held:
         """What this worker holds, for the assignor's metadata: the position each store on its disk holds now.

@@ -467,12 +467,8 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         [
             (
                 "state/restore.py",
-                (
-                    "        if store.changelog_offset >= end:\n"
-                    "            _level(store, changelog, await reader.log_end(changelog))\n"
-                    "            return 0, end\n"
-                ),
-                "",
+                "    return stable if offset < stable else await reader.log_end(changelog)\n",
+                "    return stable\n",
             ),
         ],
     ),

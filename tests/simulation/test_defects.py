@@ -111,7 +111,7 @@ CASES = [
     # dlq replay --dry-run sends what it says it would replay (the dry run before the last replay, operators.py)
     (33, "redrive", 0, "records (a dry run must send nothing)"),
     # a store behind its changelog's log start asks for the deleted offset for ever (a silent downtime, timeline.py)
-    (34, "time", 45, "w1.3's standby of sim.raw-2 is following at changelog offset -1"),
+    (34, "retention", 0, "w0.2's standby of sim-effects-3 is following at changelog offset -1"),
     # a bucket whose creation failed is deleted from a table it never entered (bucket faults, mixes.py)
     (35, "time", 28, "w1.1 exited on its own: exit 1: KeyError(490899)"),
     # stores found on disk at start claim their positions unchecked (issue 34, item 7; claims.py)

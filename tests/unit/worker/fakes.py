@@ -405,14 +405,21 @@ async def send_offsets(producer: Any, offsets: Mapping[TopicPartition, int], met
 
 
 class FakeReader:
-    """A changelog reader over empty changelogs (``ends`` says otherwise for the start-up check of the stores
-    on disk); with ``gate``, every read of an end waits for it first."""
+    """A changelog reader over empty changelogs (``ends`` and ``log_ends`` say otherwise for the start-up check
+    of the stores on disk); with ``gate``, every read of an end waits for it first."""
 
     def __init__(
-        self, gate: asyncio.Event | None = None, *, ends: Mapping[TopicPartition, int] | None = None
+        self,
+        gate: asyncio.Event | None = None,
+        *,
+        ends: Mapping[TopicPartition, int] | None = None,
+        log_ends: Mapping[TopicPartition, int] | None = None,
     ) -> None:
         self.gate = gate
         self.ends_at = dict(ends or {})  # what ends() says of each changelog (0 for the others)
+        self.log_ends_at: dict[TopicPartition, int] = dict(
+            log_ends or {}
+        )  # what log_end() says (0 for others)
         self.entered: list[TopicPartition] = []
         self.fetch_bytes = MIB
         self.started = 0
@@ -434,7 +441,8 @@ class FakeReader:
         return await self._wait(tp)
 
     async def log_end(self, tp: TopicPartition) -> int:
-        return await self._wait(tp)
+        await self._wait(tp)
+        return self.log_ends_at.get(tp, 0)
 
     async def ends(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.ends_at.get(tp, 0) for tp in tps}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -140,35 +141,62 @@ async def test_a_served_store_wiped_on_release_is_no_longer_claimed(harness: Har
     assert plans["standby"].active == [TP]
 
 
-async def test_a_store_on_disk_ahead_of_its_changelog_claims_nothing_at_start(
-    tmp_path: Path,
-) -> None:
-    """A worker starts with two stores on disk: the one whose position is beyond its changelog's end (another log's
-    cache) is not claimed, the other is; so the leader leaves the first partition with its sticky owner."""
-    ahead, behind = TP, TopicPartition(INPUT, 1)
+@contextlib.asynccontextmanager
+async def _started_over(
+    tmp_path: Path, stores: dict[TopicPartition, int], reader: FakeReader
+) -> AsyncIterator[StandbyReplicas]:
+    """A worker started over a state directory holding a store of each of ``stores`` at its changelog position;
+    its changelogs' ends are what ``reader`` says. Yields the worker's standbys (what it claims)."""
     state_dir = tmp_path / "w"
     placed = StandbyReplicas(Harness(state_dir).context, {TOPICS.input: TOPICS.changelog}, dict)
     changelog = TOPICS.changelog
     # the ids the fake topic layout gives the worker (fake_io): its stores carry them
     placed.context = replace(placed.context, cluster="fake-cluster", topic_ids={changelog: f"id-{changelog}"})
-    _store_at(placed, ahead, 5 * FAR)
-    _store_at(placed, behind, 500)
-    reader = FakeReader(ends={TopicPartition(changelog, 0): FAR + 1, TopicPartition(changelog, 1): 600})
+    for tp, offset in stores.items():
+        _store_at(placed, tp, offset)
     io, _clients = fake_io(reader=reader)
     worker = Worker(settings(state_dir, standby_replicas=1), TOPOLOGY, io=io)
     await worker.start()
     try:
         table = worker._table
         assert table is not None
-        standbys = table.standbys
+        yield table.standbys
+    finally:
+        worker.stop()
+        await worker.run()
+
+
+def _changelog(partition: int) -> TopicPartition:
+    return TopicPartition(TOPICS.changelog, partition)
+
+
+async def test_a_store_on_disk_ahead_of_its_changelog_claims_nothing_at_start(
+    tmp_path: Path,
+) -> None:
+    """A worker starts with two stores on disk: the one whose position is beyond its changelog's end (another log's
+    cache) is not claimed, the other is; so the leader leaves the first partition with its sticky owner."""
+    ahead, behind = TP, TopicPartition(INPUT, 1)
+    reader = FakeReader(ends={_changelog(0): FAR + 1, _changelog(1): 600})
+    async with _started_over(tmp_path, {ahead: 5 * FAR, behind: 500}, reader) as standbys:
         claim = standbys.claim()
         assert claim.positions == {behind: 500}
         owner = Claim(SUB, {ahead: FAR}, active=frozenset({ahead}))
         plans = plan([ahead], {"restarted": _wire(claim), "owner": owner}, replicas=1)
         assert plans["owner"].active == [ahead]
-    finally:
-        worker.stop()
-        await worker.run()
+
+
+async def test_a_store_on_disk_past_its_changelogs_stable_end_but_inside_its_log_is_claimed_at_start(
+    tmp_path: Path,
+) -> None:
+    """A worker starts with a store on disk at its changelog's last stable offset, its last commit's markers not yet
+    written: the log end covers it, so the store is claimed (as a standby's round keeps it), not taken for another
+    log's cache; one beyond the log end is still not claimed."""
+    inside, beyond = TP, TopicPartition(INPUT, 1)
+    reader = FakeReader(
+        ends={_changelog(0): 600, _changelog(1): 700}, log_ends={_changelog(0): 602, _changelog(1): 700}
+    )
+    async with _started_over(tmp_path, {inside: 600, beyond: 700}, reader) as standbys:
+        assert standbys.claim().positions == {inside: 600}
 
 
 async def test_a_standby_does_not_claim_its_store_before_checking_it_against_the_changelog(
