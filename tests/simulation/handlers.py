@@ -16,6 +16,7 @@ alone as ``handler-error`` (:mod:`pipeline.worker.poison`). Two marks:
 from __future__ import annotations
 
 from random import Random
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -25,6 +26,9 @@ from pipeline.topology import Topology
 from pipeline.worker.classify import Classified, Classifier, ClassifierFactory, Partitioner
 from tests.simulation.workload import PLAIN_EVENT, SIM_ID, Delivery, Workload
 
+if TYPE_CHECKING:
+    from tests.simulation.timeline import TimePlan
+
 REASON = "handler-error"
 ALWAYS = b'"sim_fault":"always"'
 UNTIL_FIX = b'"sim_fault":"until-fix"'
@@ -32,6 +36,19 @@ UNTIL_FIX = b'"sim_fault":"until-fix"'
 #: default skew horizon (an hour), outside the DLQ topic's bound after a timestamp refuse-outputs fault.
 AHEAD_MS = (25 * 60_000, 50 * 60_000)
 DLQ_AFTER_MS = 20 * 60_000
+#: A DLQ bound stays this far past the furthest any worker's clock runs ahead (see :func:`dlq_after_ms`).
+CLOCK_MARGIN_MS = 10 * 60_000
+
+
+def dlq_after_ms(time: TimePlan | None) -> int:
+    """The DLQ topic's ``message.timestamp.after.max.ms`` a ``refuse-outputs timestamps`` fault sets:
+    :data:`DLQ_AFTER_MS`, or wider than the furthest a clock jump puts a worker's clock ahead. A worker
+    restamps a refused DLQ record with its own clock; a host whose clock runs ahead of the broker's by
+    more than the topic's bound can write no restamped record at all, and exits with its one line at each
+    restart: a deployment whose clocks disagree, which the operator's NTP answers, not the worker
+    (default seed 14338: a clock 50 min ahead against a 20-minute bound)."""
+    ahead_ms = int(max(time.offsets()) * 1000) if time is not None else 0
+    return DLQ_AFTER_MS if ahead_ms < DLQ_AFTER_MS else ahead_ms + CLOCK_MARGIN_MS
 
 
 class FaultyHandler(Classifier):

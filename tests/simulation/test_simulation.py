@@ -157,6 +157,14 @@ FOUND: dict[tuple[str, int], str] = {
         "time",
         10090,
     ): "a record dated ahead before a silent downtime: claims retention deleted still live after it (the world's own)",
+    (
+        "default",
+        14338,
+    ): "a worker's clock 50 min ahead of a 20-minute DLQ bound could write no restamped record (the world's own)",
+    (
+        "poison",
+        14011,
+    ): "an older-code leader assigned nothing until its metadata aged, past the step budget (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 
