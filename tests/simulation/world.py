@@ -52,6 +52,7 @@ from tests.simulation.faults import (
 from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState, SimLoop, virtual_time
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
+from tests.simulation.rereads import RereadCheck
 from tests.simulation.scenario import APP, GROUP, Scenario
 from tests.simulation.stale import StaleCheck
 
@@ -184,6 +185,7 @@ class World:
         self.ledger = StoreLedger()  # what each store on the disks holds (the claims' truth)
         self.claims = ClaimCheck(self, self.ledger)
         self.stale = StaleCheck(self)  # a store wiped as stale must be beyond its changelog's end
+        self.rereads = RereadCheck(self)  # a commit refused for size makes the worker read the limits again
         self.topology_path = root / "topology.toml"
         self.use_topology(fixed=False)
         self.partitions_now = scenario.partitions  # the input's partition count (a rescale raises it)
@@ -309,6 +311,7 @@ class World:
                 wire.installed(self.network),
                 self.claims.installed(),
                 self.stale.installed(),
+                self.rereads.installed(),
             ):
                 try:
                     self.loop.run_until_complete(self._main())
@@ -317,6 +320,7 @@ class World:
                     self.problems.extend(self._diagnose())
             self.problems.extend(self.claims.problems)
             self.problems.extend(self.stale.problems)
+            self.problems.extend(self.rereads.problems)
         finally:
             SimStore.faults = None
             SimStore.ledger = None
