@@ -76,6 +76,7 @@ class Mix:
     bucket_fails: float = 0.0  # chance of a worker's next bucket creations failing (``disk``, ``create``)
     refuse_replay: float = 0.0  # with redrives, chance that Kafka refuses one produce request of a replay
     downtime: float = 0.0  # with the time scenario, chance of a downtime when its own draw gave none
+    rescale_outage: float = 0.0  # with a rescale, chance that the broker goes away as it begins to read
 
 
 MIXES: dict[str, Mix] = {
@@ -128,7 +129,7 @@ MIXES: dict[str, Mix] = {
             bucket_fails=0.5,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5),
-        Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5),
+        Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5, rescale_outage=0.5),
         Mix(
             "retention",
             time=1.0,

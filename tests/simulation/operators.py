@@ -109,9 +109,9 @@ class Operators:
             self.world.network.on_fetch = (runs[0][1], lambda: self._cut(float(fault.steps)))
         await asyncio.gather(*(self._watch(run, fault.duration) for run in runs))
 
-    def _cut(self, seconds: float) -> None:
+    def _cut(self, seconds: float, who: str = "a replay") -> None:
         world = self.world
-        world.note(f"the broker goes away for {seconds:.0f}s as a replay begins to read")
+        world.note(f"the broker goes away for {seconds:.0f}s as {who} begins to read")
         world.loop.spawn(None, world.outage(seconds), "outage")
 
     async def last_replay(self) -> None:
@@ -271,6 +271,8 @@ class Operators:
             for log in world.broker.topics[name].partitions
         }
         process = Process("rescale")
+        if fault.duration:  # the broker goes away as the rescale begins to move the changelogs
+            world.network.on_fetch = (process, lambda: self._cut(fault.duration, "the rescale"))
         lines: list[str] = []
         task = world.loop.spawn(process, self._run_rescale(fault.target, lines), "rescale")
         while not task.done():

@@ -123,7 +123,12 @@ class Scenario:
         rng = _apart(seed, 3)
         if rng.random() < mix.rescale and self.partitions < 4:
             at = rng.uniform(0.3, 0.7) * duration
-            self.changes.append(Fault(at, RESCALE, self.partitions + rng.choice((1, 2))))
+            target = self.partitions + rng.choice((1, 2))
+            cut = _apart(seed, 18)  # the broker going away as the rescale begins to move the changelogs
+            if cut.random() < mix.rescale_outage:
+                self.changes.append(Fault(at, RESCALE, target, cut.uniform(3.0, 40.0), detail="cut"))
+            else:
+                self.changes.append(Fault(at, RESCALE, target))
         rng = _apart(seed, 4)
         if rng.random() < mix.reconfigure:
             for _ in range(rng.choice((1, 2))):

@@ -51,7 +51,8 @@ CASES = [
     # a rescale's move in batches its changelog refuses: the rescale never ends, no worker can start
     (18, "default", 2872, "ConfigError('changelog sim-seen-changelog has 2 partitions but sim.raw has 1"),
     # the rescale's consumer stopped with aiokafka's stop in an outage: a CancelledError ends the rescale
-    (19, "default", 2269, "ConfigError('changelog sim-seen-changelog has 5 partitions but sim.raw has 3"),
+    # (first caught by default seed 2269 alone; since the rescale mix cuts the broker as a rescale reads, 25 of rescale 0-59)
+    (19, "rescale", 2, "ConfigError('changelog sim-seen-changelog has 3 partitions but sim.raw has 1"),
     # a command topic's limit lowered under running workers, never read again: refused transactions for every record
     # (first caught by default seed 3276 alone, as a livelock; since the reread rule, rereads.py, 13 of poison 0-39)
     (20, "poison", 1, "did not read its topics' limits again in between"),

@@ -160,6 +160,7 @@ def step_budget(scenario: Scenario) -> int:
     clients retrying is work (seed 1359: a 92 s outage, four workers with two standbys each, took 424k)."""
     outage = sum(f.duration for f in scenario.faults if f.kind == "outage")
     outage += sum(f.steps for f in scenario.faults if f.kind == redrive.REPLAY)  # cut off as a replay reads
+    outage += sum(f.duration for f in scenario.faults if f.kind == RESCALE)  # cut off as a rescale reads
     return STEPS + int(STEPS_PER_OUTAGE_S * outage) + (STEPS_OLDER if scenario.older else 0)
 
 
