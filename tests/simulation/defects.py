@@ -578,6 +578,17 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    # -- found by the rule it tests: the start-up scan's under-claims (claims.py), 2026-12-07
+    48: (
+        "a store found on disk at start level with its changelog claims nothing (an off-by-one in the scan)",
+        [
+            (
+                "worker/standbys.py",
+                "            if end is not None and offset < end:\n",
+                "            if end is not None and offset < end - 1:\n",
+            ),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

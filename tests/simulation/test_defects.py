@@ -173,6 +173,8 @@ CASES = [
         10,
         "stripe:evt_10_15: sim.raw-0@4 (s26) (time 1767210811383) was first inside the window",
     ),
+    # a store level with its changelog at start claims nothing (the claim rule's under-claim at start)
+    (48, "standby", 0, "w2.2 found its store of sim-effects-2 at changelog offset 13 at start, inside its"),
 ]
 
 
