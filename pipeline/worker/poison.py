@@ -57,6 +57,11 @@ RECORD_ERRORS = (
     InvalidTopicError,
     InvalidRecordError,  # INVALID_RECORD, taught to aiokafka: a keyless record on a compacted topic
 )
+# Said of a DLQ record refused for its timestamp after it was stamped with the worker's clock: the clock is off
+CLOCK_HINT = (
+    ", not even stamped with this host's clock (is the clock further from the broker's than the DLQ topic's"
+    " message.timestamp.after.max.ms or before.max.ms allow?)"
+)
 # Of those, what a topic's limit refuses: a limit lowered since the worker read it
 SIZE_ERRORS = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
 
@@ -111,7 +116,8 @@ class PoisonTracker:
                 )
                 self.poison[start] = earlier._replace(restamp=True)
                 return None
-            return f"offset {start} cannot be written even to the DLQ ({earlier.reason}): the broker refused it: {cause!r}"[
+            clock = CLOCK_HINT if earlier.restamp and isinstance(cause, InvalidTimestampError) else ""
+            return f"offset {start} cannot be written even to the DLQ ({earlier.reason}){clock}: the broker refused it: {cause!r}"[
                 :1000
             ]
         if earlier is None and isinstance(cause, InvalidTimestampError):

@@ -98,7 +98,8 @@ def test_a_record_refused_alone_for_its_timestamp_is_first_redone_stamped_now() 
 
 def test_a_dlq_record_refused_for_its_timestamp_is_restamped_once_then_the_partition_cannot_go_on() -> None:
     """A poison record's DLQ record refused for its timestamp is redone stamped now; refused again, the
-    partition stops with one line naming the offset, the reason and the broker's error."""
+    partition stops with one line naming the offset, the reason, the host's clock as the likely cause, and the
+    broker's error."""
     tracker = PoisonTracker("raw-0")
     tracker.handler_failed(10, "handler-failed", "boom")
     tracker.limit = 1
@@ -111,7 +112,9 @@ def test_a_dlq_record_refused_for_its_timestamp_is_restamped_once_then_the_parti
     line = tracker.commit_failed(10, 1, refused)
     assert (
         line
-        == f"offset 10 cannot be written even to the DLQ (handler-failed): the broker refused it: {refused!r}"
+        == f"offset 10 cannot be written even to the DLQ (handler-failed), not even stamped with this host's clock "
+        "(is the clock further from the broker's than the DLQ topic's message.timestamp.after.max.ms or "
+        f"before.max.ms allow?): the broker refused it: {refused!r}"
     )
 
 
