@@ -24,7 +24,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
   once, killed or cut off by broker outages, of records older than the TTL; in half the seeds Kafka
   refuses one produce request of a replay (``refuse-replay``);
 - ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
-  and topic configuration changes; not in the suite (docs/reliability.md: what rule 2 of the
+  and topic configuration changes; in half the seeds the broker goes away as the rescale begins
+  to read, and in half the changelogs take batches of at most 512 bytes (``CHANGELOG_LIMIT``: the
+  move must batch by the changelog's own limit, not the producer's 16 KiB default); not in the suite (docs/reliability.md: what rule 2 of the
   TTL windows leaves open after a rescale);
 - ``static``: the workers are static members (``--instance-id``, as a StatefulSet runs them: a
   restart takes its partitions back, a stopped worker leaves no group until its session ends),
@@ -77,6 +79,7 @@ class Mix:
     refuse_replay: float = 0.0  # with redrives, chance that Kafka refuses one produce request of a replay
     downtime: float = 0.0  # with the time scenario, chance of a downtime when its own draw gave none
     rescale_outage: float = 0.0  # with a rescale, chance that the broker goes away as it begins to read
+    small_changelogs: float = 0.0  # with a rescale, chance of changelogs with a 512-byte max.message.bytes
 
 
 MIXES: dict[str, Mix] = {
@@ -129,7 +132,14 @@ MIXES: dict[str, Mix] = {
             bucket_fails=0.5,
         ),
         Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5),
-        Mix("rescale", time=0.7, rescale=1.0, reconfigure=0.5, rescale_outage=0.5),
+        Mix(
+            "rescale",
+            time=0.7,
+            rescale=1.0,
+            reconfigure=0.5,
+            rescale_outage=0.5,
+            small_changelogs=0.5,
+        ),
         Mix(
             "retention",
             time=1.0,

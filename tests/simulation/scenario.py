@@ -21,6 +21,9 @@ from tests.simulation.workload import draw as draw_workload
 
 APP, GROUP = "sim", "sim"
 RECONFIGURATIONS = ("log-append-time", "create-time", "limits-up", "limits-down")
+# A changelog's max.message.bytes in the rescale mix's small-changelog seeds: above any one changelog
+# record, below what a rescale moves of a partition in most seeds (defect 18: a move batched at 16 KiB)
+CHANGELOG_LIMIT = 512
 
 
 def _apart(seed: int, area: int) -> Random:
@@ -46,6 +49,7 @@ class Scenario:
     changes: list[Fault] = field(default_factory=list)  # rescales and reconfigurations (in ``faults`` too)
     static: bool = False  # the workers run with --instance-id (their slot's name): static members
     sliding: bool = False  # the sources' expiry slides: each copy renews its key's claim
+    small_changelogs: bool = False  # the changelogs made with CHANGELOG_LIMIT max.message.bytes
 
     @classmethod
     def draw(cls, seed: int, mix_name: str = "classic") -> Scenario:
@@ -129,6 +133,7 @@ class Scenario:
                 self.changes.append(Fault(at, RESCALE, target, cut.uniform(3.0, 40.0), detail="cut"))
             else:
                 self.changes.append(Fault(at, RESCALE, target))
+            self.small_changelogs = _apart(seed, 19).random() < mix.small_changelogs
         rng = _apart(seed, 4)
         if rng.random() < mix.reconfigure:
             for _ in range(rng.choice((1, 2))):
@@ -215,6 +220,7 @@ class Scenario:
         lines = [
             f"seed {self.seed} ({self.mix} mix): {self.workers} workers, broker {self.flavor}"
             + (", 4 KiB output topics" if self.small_limits else "")
+            + (f", changelogs of {CHANGELOG_LIMIT} bytes" if self.small_changelogs else "")
             + (
                 f", {', '.join(sorted(self.older))} on older code (roundrobin, no standbys)"
                 if self.older

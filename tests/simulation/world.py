@@ -53,7 +53,7 @@ from tests.simulation.loop import CURRENT, LivelockError, Process, ProcessState,
 from tests.simulation.operators import Operators
 from tests.simulation.records import decode_produced, plain_batch
 from tests.simulation.rereads import RereadCheck
-from tests.simulation.scenario import APP, GROUP, Scenario
+from tests.simulation.scenario import APP, CHANGELOG_LIMIT, GROUP, Scenario
 from tests.simulation.stale import StaleCheck
 
 SETTLE_LIMIT_S = 900.0  # after the schedule, the longest the workers may take to catch up
@@ -491,6 +491,8 @@ class World:
                 config.segment_bytes = CHANGELOG_SEGMENT_BYTES
                 if scenario.time is not None and scenario.time.log_append_time:
                     config.timestamp_type = b.LOG_APPEND_TIME
+            if scenario.small_changelogs and "retention.ms" in raw:
+                config.max_message_bytes = CHANGELOG_LIMIT
             if (
                 scenario.redrive is not None
                 and redrive.SIZE in scenario.redrive.causes
