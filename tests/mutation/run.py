@@ -63,9 +63,18 @@ class Only:
 
     @classmethod
     def parse(cls, text: str) -> Only:
+        """``path``, ``path:first-last`` (lines), or ``path:name`` (a function, or ``Class.method``: its lines
+        in the file as it is now, so that a selection outlives edits above it)."""
         path, _, lines = text.partition(":")
         if not lines:
             return cls(path)
+        if not lines[0].isdigit():
+            spans = _functions(ROOT / path)
+            cls_name, _, method = lines.rpartition(".")
+            key = f"xǁ{cls_name}ǁ{method}" if cls_name else f"x_{method}"
+            if key not in spans:
+                raise SystemExit(f"scripts/mutation: no function {lines} in {path}")
+            return cls(path, *spans[key])
         first, _, last = lines.partition("-")
         return cls(path, int(first), int(last or first))
 
@@ -190,6 +199,90 @@ def _mutants(work: Path, files: list[str]) -> list[Mutant]:
     return found
 
 
+def load_ledger(ledger: Path, work: Path) -> int:
+    """Put a ledger's results where mutmut keeps its own (``mutants/<file>.meta``) before it makes the mutants.
+
+    mutmut then keeps the result of each mutant whose function is unchanged (the same source hash)
+    and runs the others again; the number of results put back is returned. A run that a session
+    cannot finish goes on in the next one, on a fresh checkout, from the ledger it committed.
+    """
+    if not ledger.exists():
+        return 0
+    data = json.loads(ledger.read_text())
+    count = 0
+    for path, entry in data["files"].items():
+        meta = work / "mutants" / f"{path}.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        codes = entry["exit_code_by_key"]
+        meta.write_text(
+            json.dumps(
+                {
+                    "exit_code_by_key": codes,
+                    "hash_by_function_name": entry["hash_by_function_name"],
+                    "type_check_error_by_key": {},
+                    "durations_by_key": {},
+                    "estimated_durations_by_key": {},
+                }
+            )
+        )
+        count += len(codes)
+    return count
+
+
+def save_ledger(ledger: Path, work: Path, files: list[str], only: list[Only], command: str) -> int:
+    """Write the results judged so far of the run's mutants (those on ``only``'s lines), with the hash of the
+    function each belongs to, to ``ledger``; the number written is returned."""
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    count = 0
+    for path in files:
+        meta = work / "mutants" / f"{path}.meta"
+        if not meta.exists():
+            continue
+        data = json.loads(meta.read_text())
+        ranges = [o for o in only if o.path == path]
+        codes: dict[str, object] = {}
+        for name, code in sorted(data["exit_code_by_key"].items()):
+            if code is None:
+                continue
+            if ranges and any(o.first or o.last < 1 << 30 for o in ranges):
+                line = _line(work, path, name)
+                if not any(o.first <= line <= o.last for o in ranges):
+                    continue
+            codes[name] = code
+        functions = {name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] for name in codes}
+        hashes = {f: h for f, h in sorted(data["hash_by_function_name"].items()) if f in functions}
+        out[path] = {"exit_code_by_key": codes, "hash_by_function_name": hashes}
+        count += len(codes)
+    ledger = _at_root(ledger)
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    ledger.write_text(json.dumps({"command": command, "files": out}, indent=1, sort_keys=True) + "\n")
+    return count
+
+
+def _line(work: Path, path: str, name: str) -> int:
+    """The line of ``path`` mutant ``name`` changes (mutmut's diff, read in the run's directory)."""
+    os.chdir(work)
+    from mutmut.mutation.diff_apply import get_diff_for_mutant  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: PLC0415
+
+    return _locate(work, path, name, get_diff_for_mutant(name, path=path))[0]
+
+
+def _at_root(path: Path) -> Path:
+    """A path given relative to the checkout (the script runs from its copy's directory too)."""
+    return path if path.is_absolute() else ROOT / path
+
+
+def _judged(work: Path, files: list[str]) -> set[str]:
+    """The mutants that already have a result (from this run, or put back from a ledger)."""
+    judged: set[str] = set()
+    for path in files:
+        meta = work / "mutants" / f"{path}.meta"
+        if meta.exists():
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            judged.update(name for name, code in codes.items() if code is not None)
+    return judged
+
+
 def _package(path: str) -> str:
     return path.split("/")[1]
 
@@ -305,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report", action="store_true", help="only print and write the report of the results"
     )
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        help="a file (tests/mutation/ledgers/<name>.json) the results are taken from at the start and written "
+        "to at the end: commit it, and the next session goes on where this one stopped",
+    )
     args = parser.parse_args(argv)
 
     packages = args.package or list(PACKAGES)
@@ -336,7 +435,16 @@ def main(argv: list[str] | None = None) -> int:
             os.environ, PYTHONHASHSEED="0", MUTATION_SEEDS=",".join(map(str, seeds)), MUTATION_MIX=args.mix
         )
         os.environ.update(env)
-        names = _names_in_lines(work, only) if any(o.first or o.last < 1 << 30 for o in only) else []
+        if args.ledger is not None and not args.resume:
+            print(f"{load_ledger(_at_root(args.ledger), work)} results taken from {args.ledger}", flush=True)
+        lines = any(o.first or o.last < 1 << 30 for o in only)
+        names = _names_in_lines(work, only) if lines else []
+        if names and (args.resume or args.ledger is not None):
+            # named mutants are run whatever their result: name only those not judged yet
+            judged = _judged(work, files)
+            names = [name for name in names if name not in judged]
+            if not names:
+                print("every mutant of the selection already has a result")
         if args.rerun_survivors:
             alive = [m for m in _mutants(work, files) if _wanted(m, only) and m.status in ALIVE]
             names = [m.name for m in alive]
@@ -347,19 +455,25 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         started = time.monotonic()
-        code = subprocess.run(
-            [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *names],
-            cwd=work,
-            env=env,
-            stdout=(work / "mutmut.log").open("w"),
-            stderr=subprocess.STDOUT,
-            check=False,
-        ).returncode
+        code = (
+            0
+            if lines and not names
+            else subprocess.run(
+                [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs), *names],
+                cwd=work,
+                env=env,
+                stdout=(work / "mutmut.log").open("w"),
+                stderr=subprocess.STDOUT,
+                check=False,
+            ).returncode
+        )
         print(f"mutmut exited {code} after {time.monotonic() - started:.0f}s (its output: {work}/mutmut.log)")
     text, complete = report(work, files, only, command)
     (work / "report.md").write_text(text)
     print(text)
     print(f"report: {work}/report.md")
+    if args.ledger is not None:
+        print(f"{save_ledger(args.ledger, work, files, only, command)} results written to {args.ledger}")
     return 0 if complete else 1
 
 
