@@ -17,6 +17,7 @@ from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka.alter_configs import set_topic_configs
 from pipeline.kafka.internals import cluster_ids
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from pipeline.kafka.topic_checks import refused_configs
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,12 @@ def topic_specs(topology: Topology, partitions: int | None = None) -> list[Topic
     replication = topology.topics.replication
     retention_ms = int(topology.changelog_retention.total_seconds() * 1000)
     plain = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-    changelog = plain | {"cleanup.policy": "compact,delete", "retention.ms": str(retention_ms)}
+    # deleted by time only (never by size: retention.bytes would drop live claims), after the largest TTL and a day
+    changelog = plain | {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": str(retention_ms),
+        "retention.bytes": "-1",
+    }
     topics = topology.topics
     # a producer whose clock runs ahead must not be refused (Kafka 4 refuses records more than an
     # hour ahead by default): the worker handles such records at its own bound (--max-clock-skew)
@@ -380,14 +386,9 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
                 )
         configs = await _read_configs(admin, names)
         ids = await cluster_ids(admin, names)
-    for name in (topics.audit, topics.dlq):
-        if "compact" in configs.get(name, {}).get("cleanup.policy", ""):
-            raise ConfigError(
-                f"topic {name} has cleanup.policy={configs[name]['cleanup.policy']}: the worker writes the "
-                "audit and DLQ records of a keyless input record without a key, which a compacted topic "
-                "refuses (and compaction would drop DLQ records before their replay); set it to delete "
-                "(`pipeline topics create` does)"
-            )
+    refusal = refused_configs(topology, configs)
+    if refusal is not None:
+        raise refusal
     limits = {}
     bounds = {}
     for name in names:

@@ -273,7 +273,7 @@ async def test_another_error_while_in_use_passes_through_and_the_client_is_close
 
 
 def test_the_specs_are_every_topic_of_the_topology_with_its_count_replication_and_configs() -> None:
-    """Input (any timestamp), audit and DLQ (deleted, never compacted), changelog (compacted and deleted after the largest TTL plus a day)
+    """Input (any timestamp), audit and DLQ (deleted, never compacted), changelog (compacted and deleted after the largest TTL plus a day, never by size)
     and each command topic (sorted), all with the topology's count and replication and the 4 MiB limit;
     no effect topics without an effect route."""
     plain = {"max.message.bytes": MAX}
@@ -286,7 +286,8 @@ def test_the_specs_are_every_topic_of_the_topology_with_its_count_replication_an
             "shop-seen-changelog",
             3,
             2,
-            plain | {"cleanup.policy": "compact,delete", "retention.ms": three_days_ms},
+            plain
+            | {"cleanup.policy": "compact,delete", "retention.ms": three_days_ms, "retention.bytes": "-1"},
         ),
         TopicSpec("shop.commands", 3, 2, plain),
         TopicSpec("shop.invoices", 3, 2, plain),
@@ -298,7 +299,11 @@ def test_a_topology_with_effects_adds_the_effect_topic_and_its_changelog() -> No
     """With an effect route: the effect topic (plain) and its changelog (as the first), after the others;
     both changelogs keep the largest TTL, here the 30-day effect TTL, plus a day."""
     plain = {"max.message.bytes": MAX}
-    changelog = plain | {"cleanup.policy": "compact,delete", "retention.ms": str(31 * 86_400_000)}
+    changelog = plain | {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": str(31 * 86_400_000),
+        "retention.bytes": "-1",
+    }
     specs = topic_specs(shop(effects=True))
     assert [s.name for s in specs] == SHOP_NAMES + EFFECT_NAMES
     assert specs[3] == TopicSpec("shop-seen-changelog", 3, 2, changelog)
@@ -831,6 +836,9 @@ async def test_the_layout_of_a_topology_with_effects_adds_its_effect_topics(make
     """The effect topic and its changelog are counted and asked for too; the layout's timeout is the one given."""
     broker = make_broker()
     serve(broker, SHOP_NAMES + EFFECT_NAMES)
+    for spec in topic_specs(shop(effects=True)):  # the changelogs as `pipeline topics create` makes them
+        if "retention.ms" in spec.configs:
+            broker.add(spec.name, 3, spec.configs)
     layout = await topic_layout(BOOT, shop(effects=True), timeout=2.5)
     assert layout.counts == dict.fromkeys(SHOP_NAMES + EFFECT_NAMES, 3)
     assert broker.metadata_asked == [SHOP_NAMES + EFFECT_NAMES]
@@ -886,6 +894,19 @@ async def test_an_effect_changelog_whose_count_differs_from_the_effect_topic_is_
     broker.add("shop-effects", 4)
     message = await refused(ConfigError, topic_layout(BOOT, shop(effects=True)))
     assert message.startswith("changelog shop-effects-changelog has 3 partitions but shop-effects has 4: ")
+
+
+async def test_a_changelog_kept_shorter_than_its_claims_live_is_refused(make_broker: MakeBroker) -> None:
+    """The broker's default 7 days on the changelogs of a 30-day effect TTL: ConfigError naming the first changelog,
+    its retention and the one needed, and the command that sets it; the rules themselves: test_topic_checks.py."""
+    broker = make_broker()
+    serve(broker, SHOP_NAMES + EFFECT_NAMES)
+    message = await refused(ConfigError, topic_layout(BOOT, shop(effects=True)))
+    assert message.startswith(
+        "changelog shop-seen-changelog has retention.ms=604800000 (7 days), shorter than the largest TTL plus a day"
+        " (31 days): "
+    )
+    assert "run `pipeline topics create`" in message
 
 
 async def test_effect_topics_are_not_needed_without_an_effect_route(make_broker: MakeBroker) -> None:
