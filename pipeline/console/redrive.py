@@ -5,7 +5,8 @@ before anything is produced: who, when, what was chosen, where the audit and
 the DLQ ended, and each record as planned. Then each record is read back from
 the DLQ, rebuilt byte for byte with a ``replayed-from`` header
 (:func:`pipeline.records.dlq.rebuild`, as ``pipeline dlq replay`` does) and
-produced to the input topic on its key's partition; the run and its records
+produced to the topic it came from (the input, or the effects topic for a
+record the effect stage dead-lettered) on its key's partition; the run and its records
 are written again as sent or skipped. A history that cannot be written stops
 the run before any record is produced.
 
@@ -119,10 +120,12 @@ class Redrives:
         return self.history.runs[run.id]
 
     async def _produce(self, records: dict[tuple[int, int], RunRecord]) -> None:
-        """Rebuild and produce each record (idempotent producer, ``acks=all``); mark each sent or skipped."""
+        """Rebuild and produce each record (idempotent producer, ``acks=all``) to the topic it came from: the
+        input, or the effects topic for a record the effect stage dead-lettered (as ``pipeline dlq replay``);
+        mark each sent or skipped."""
         topics = self.topology.topics
-        partitions = await partition_count(self.bootstrap, topics.input)
-        if partitions is None:
+        counts = {topics.input: await partition_count(self.bootstrap, topics.input)}
+        if counts[topics.input] is None:
             raise PipelineError(f"topic {topics.input} does not exist")
         producer = await started_producer(self.bootstrap)
         pending: list[tuple[RunRecord, asyncio.Future[Any]]] = []
@@ -130,21 +133,30 @@ class Redrives:
             async for entry in read_records(self.bootstrap, topics.dlq, records):
                 record = records[(entry.partition, entry.offset)]
                 try:
-                    original = rebuild(entry, dlq_topic=topics.dlq, input_topic=topics.input)
+                    original = rebuild(
+                        entry, dlq_topic=topics.dlq, input_topic=topics.input, effects_topic=topics.effects
+                    )
                 except NotReplayableError as exc:
                     record.state, record.skip = "skipped", str(exc)
+                    continue
+                target = original.topic
+                if target not in counts:
+                    counts[target] = await partition_count(self.bootstrap, target)
+                partitions = counts[target]
+                if partitions is None:
+                    record.state, record.skip = "skipped", f"its topic {target} does not exist"
                     continue
                 key = original.key
                 partition = owner_partition(key, partitions) if key else original.partition % partitions
                 future = await producer.send(
-                    topics.input,
+                    target,
                     original.value,
                     key=key,
                     partition=partition,
                     headers=original.headers,
                     timestamp_ms=original.timestamp,
                 )
-                record.to_partition = partition
+                record.to_topic, record.to_partition = target, partition
                 pending.append((record, future))
             for record, future in pending:
                 await future
@@ -171,9 +183,13 @@ class Redrives:
         starts = {p: max(run.audit_starts[p], read.get(p, 0)) for p in partitions if p in run.audit_starts}
         async for value in _values(self.bootstrap, audit, starts, reached=read):
             where = value.get("replayed_from")
-            final = value.get("stage") != "effect" and value.get("outcome") != "rerouted"  # else: comes later
-            if isinstance(where, str) and where in waiting and final:
-                found[where] = (waiting[where], value)
+            record = waiting.get(where) if isinstance(where, str) else None
+            if record is None or value.get("outcome") == "rerouted":  # a rerouted copy's outcome comes later
+                continue
+            # a record sent to the input is judged by the event stage (the effect stage's audit of the same
+            # replay comes after); one sent back to the effects topic by the effect stage
+            if (value.get("stage") == "effect") == self._to_effects(record):
+                found[where] = (record, value)
         if not found:
             return False
         await self._find_copies(run, [(r, v) for r, v in found.values() if v.get("outcome") == "invalid"])
@@ -183,6 +199,10 @@ class Redrives:
             record.outcome_reason = reason if isinstance(reason, str) else None
         await self.history.write(None, [record for record, _ in found.values()])
         return True
+
+    def _to_effects(self, record: RunRecord) -> bool:
+        """Whether ``record`` was sent back to the effects topic (a run of an older console never was)."""
+        return record.to_topic is not None and record.to_topic != self.topology.topics.input
 
     async def _find_copies(self, run: Run, failed: list[tuple[RunRecord, dict[str, Any]]]) -> None:
         """The new DLQ record of each record that failed again: on the DLQ partition of its input
