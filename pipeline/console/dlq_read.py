@@ -6,6 +6,12 @@ from its beginning (or the first record at ``since``) up to the snapshot's end
 page can carry it. A partition or offset the topic does not have is known
 from the metadata and the partition's bounds, at once (:class:`NoSuchRecordError`),
 never by waiting for a fetch.
+
+A read never takes a silence for the end (issue 34, item 2, for ``dlq replay``): a
+partition whose position stops short of its end for :data:`IDLE_S` (the broker away, a
+leader election) raises :class:`~pipeline.kafka.bounded_read.ReadIncompleteError`, a
+503 page; before, the read ended there, a page showed fewer records, and a redrive
+marked the records it had not read "no longer in the DLQ" (not replayable).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from pipeline.errors import PipelineError
 from pipeline.kafka.admin import partition_count
+from pipeline.kafka.bounded_read import Reader, ReadIncompleteError
 from pipeline.kafka.clients import started_reader
 from pipeline.kafka.internals import stop_consumer
 from pipeline.records.dlq import DlqEntry, parse_entry
 from pipeline.records.key_history import read_at
 
-IDLE_S = 5.0  # a partition that yields nothing this long (below its end) is given up
+IDLE_S = 30.0  # a partition whose position stays short of its end this long: the read raises
 
 
 class NoSuchRecordError(PipelineError):
@@ -89,21 +96,27 @@ async def scan(
 
 
 async def read_range(
-    consumer: AIOKafkaConsumer, tp: TopicPartition, start: int, end: int
+    consumer: Reader, tp: TopicPartition, start: int, end: int, *, idle: float = IDLE_S
 ) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
     """The committed records of ``tp`` (assigned to ``consumer``) at offsets ``start`` to ``end``
-    (exclusive); a partition that yields nothing for :data:`IDLE_S` below ``end`` is given up."""
+    (exclusive). Progress is the consumer's position (it moves past transaction markers and aborted
+    records, which give no record); short of ``end`` and not moving for ``idle`` seconds, the read
+    raises :class:`ReadIncompleteError` naming the partition and how far it got."""
     if start >= end:
         return
     consumer.seek(tp, start)
-    last = time.monotonic()
-    while await consumer.position(tp) < end and time.monotonic() - last < IDLE_S:
+    position, moved = start, time.monotonic()
+    while position < end:
+        if time.monotonic() - moved >= idle:
+            raise ReadIncompleteError(tp.topic, {tp.partition: (position, end)}, idle, None)
         batch = await consumer.getmany(tp, timeout_ms=300)
         for record in batch.get(tp, []):
-            last = time.monotonic()
             if record.offset >= end:
                 return
             yield record
+        now_at = await consumer.position(tp)
+        if now_at > position:
+            position, moved = now_at, time.monotonic()
 
 
 async def _read(

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from tests.chaos.cluster import Broker
 from tests.conftest import Unique
 from tests.integration.browser import browser  # noqa: F401  (the console tests' headless Chromium)
 from tests.integration.harness import Env, write_topology
@@ -67,3 +69,15 @@ async def pipeline_env(
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """The wheel built from these sources, installed in a fresh virtualenv (once per session)."""
     return installed_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker of this test alone (stopping the shared one would disturb the others); removed afterwards."""
+    if shutil.which("java") is None:
+        pytest.skip("a private broker needs Java")
+    broker = Broker(tmp_path / "broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -1,25 +1,37 @@
-"""A record the effect stage dead-lettered, redriven from the console (the real ``Redrives`` over the real broker,
-no browser) twice at once and by ``pipeline dlq replay`` beside them: one command, and the console's history
-follows the effect stage's outcome. Before, the console skipped such a record as "not from the input topic"."""
+"""The console's redrive (the real ``Redrives`` over the real broker, no browser) at the edges: a record the effect
+stage dead-lettered, redriven twice at once and by ``pipeline dlq replay`` beside them (one command; before, the
+console skipped it as "not from the input topic"), and a broker outage as it reads the DLQ (every record sent, or
+the run failed; before, the records it had not read were marked gone)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.console import redrive as redrive_module
 from pipeline.console.dlq_read import read_records
 from pipeline.console.dlq_view import EventTypes, row_of
 from pipeline.console.history import History, Run, RunRecord
 from pipeline.console.redrive import Redrives
 from pipeline.console.settings import Role, User
-from tests.integration.harness import Env, read_committed
-from tests.integration.test_dlq_replay import _cli, _old_effect_dlq_record
+from tests.chaos.cluster import Broker
+from tests.integration.harness import Env, read_committed, write_topology
+from tests.integration.test_dlq_replay import (
+    OUTAGE_S,
+    _cli,
+    _dlq_record,
+    _old_effect_dlq_record,
+    _start_after,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -91,3 +103,70 @@ async def test_an_effect_stage_record_redriven_from_two_consoles_and_the_cli_at_
     assert Counter(r.key.decode() for r in commands) == Counter({"fulfil-order:pi_console": 1})
     audit = await read_committed(env.bootstrap, env.topo.topics.audit, idle=1.0)
     assert len(audit) == 3  # the effect stage's, once for each copy: two consoles and the CLI
+
+
+@pytest.mark.parametrize("outage_s", [OUTAGE_S])
+async def test_a_broker_outage_as_the_console_reads_the_dlq_redrives_every_record_or_fails_the_run(
+    own_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outage_s: float
+) -> None:
+    """The broker stops after the redrive read its first DLQ record, for longer than the 5 s of silence the read
+    used to take for the end: the run still sends every chosen record once (or fails, saying so, with the rest
+    left planned); before, it marked the records it had not read "no longer in the DLQ" and ended `sent`."""
+    await asyncio.to_thread(own_broker.start)
+    app = f"app-{uuid.uuid4().hex[:10]}"
+    env = Env(own_broker.bootstrap, write_topology(tmp_path / f"{app}.toml", app), tmp_path, f"{app}-group")
+    await env.create_topics()
+    topo = env.topo
+    total = 3000  # about 3 MB on one DLQ partition: several fetches
+    producer = AIOKafkaProducer(bootstrap_servers=own_broker.bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        for index in range(total):
+            key, value = _dlq_record(topo.topics.input, index, "unknown-source")
+            await producer.send(topo.topics.dlq, value, key=key, partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    # the first and the last 300: nothing is sent while the read crosses the records between (a send
+    # blocked by the outage would hide the read's silence behind it)
+    wanted = {(0, 0)} | {(0, offset) for offset in range(total - 300, total)}
+    rows = [
+        row_of(entry, topo.topics.dlq, EventTypes(topo))
+        async for entry in read_records(env.bootstrap, topo.topics.dlq, wanted)
+    ]
+    assert len(rows) == len(wanted)
+
+    outage: list[threading.Thread] = []
+    real = read_records
+
+    async def read_then_lose_the_broker(*args: Any) -> Any:
+        async for entry in real(*args):
+            yield entry
+            if not outage:  # here, between two fetches: the read's consumer loses the broker
+                own_broker.stop()
+                back = threading.Thread(target=_start_after, args=(own_broker, outage_s))
+                back.start()
+                outage.append(back)
+
+    monkeypatch.setattr(redrive_module, "read_records", read_then_lose_the_broker)
+    redrives = Redrives(env.bootstrap, topo, History(env.bootstrap, topo))
+    try:
+        run = await redrives.run(rows, ANN, "127.0.0.1", f"{len(rows)} selected")
+    finally:
+        for thread in outage:
+            await asyncio.to_thread(thread.join)
+        await redrives.history.close()
+    assert outage, "the broker was never stopped"
+
+    states = Counter(record.state for record in run.records.values())
+    assert states["skipped"] == 0, [r.skip for r in run.records.values() if r.skip]
+    inputs = await read_committed(own_broker.bootstrap, topo.topics.input, idle=1.0, timeout=120)
+    sources = Counter(dict(r.headers)["replayed-from"].decode() for r in inputs)
+    assert all(n == 1 for n in sources.values()), "a DLQ record was redriven twice"
+    sent = {f"{topo.topics.dlq}:{r.partition}:{r.offset}" for r in run.records.values() if r.state == "sent"}
+    assert sent == set(sources)  # what the history says was sent is what reached the input
+    if run.state == "sent":
+        assert states == Counter({"sent": len(wanted)})
+    else:  # the outage outlasted what the read waits: the run says so, the rest is left to redrive again
+        assert run.state == "failed", run
+        assert "ReadIncompleteError" in run.error

@@ -6,14 +6,13 @@ import asyncio
 import base64
 import io
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,18 +194,6 @@ async def test_replay_after_the_topology_is_corrected_skips_what_it_cannot_rebui
     audit = await wait_for_audit(env, 7)
     assert sum("replayed_from" in a for a in audit) == 3
     assert not any(a.get("key") == "stripe:evt_junk" and "replayed_from" in a for a in audit)
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[Broker]:
-    """A broker of this test alone (stopping the shared one would disturb the others); removed afterwards."""
-    if shutil.which("java") is None:
-        pytest.skip("a private broker needs Java")
-    broker = Broker(tmp_path / "broker")
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def _dlq_record(input_topic: str, index: int, reason: str) -> tuple[bytes, bytes]:
