@@ -10,10 +10,9 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from pipeline.kafka.admin import NO_LIMIT_MS, admin_client, partition_count, topic_specs
+from pipeline.kafka.alter_configs import set_topic_configs
 from tests.integration.harness import Env, read_committed, wait_for_audit
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -27,15 +26,10 @@ async def _set_after_max(env: Env, topics: list[str], value: int) -> None:
 
 
 async def _set_config(env: Env, topics: list[str], name: str, value: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
-    await admin.start()
-    try:
-        for topic in topics:
-            await admin.alter_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, topic, configs={name: str(value)})]
-            )
-    finally:
-        await admin.close()
+    """Set one config of ``topics``, the others left as they are (IncrementalAlterConfigs, as kafka-configs.sh
+    does: the legacy AlterConfigs would drop the changelog's retention, which the worker refuses to start on)."""
+    async with admin_client(env.bootstrap) as admin:
+        await set_topic_configs(admin, {topic: {name: str(value)} for topic in topics})
     await asyncio.sleep(1.0)  # let every reader of the configs see them
 
 

@@ -589,6 +589,17 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ),
         ],
     ),
+    49: (
+        "the console's DLQ read takes 5 s of silence for the end (issue 34 item 2's kind, in the console)",
+        [
+            (
+                "console/dlq_read.py",
+                "            raise ReadIncompleteError(tp.topic, {tp.partition: (position, end)}, idle, None)\n",
+                "            return\n",
+            ),
+            ("console/dlq_read.py", "IDLE_S = 30.0", "IDLE_S = 5.0"),
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

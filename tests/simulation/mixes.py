@@ -22,7 +22,9 @@ often, so that a bug of that area is found by many seeds rather than by one in h
 - ``redrive``: records a fix makes valid (a source added, a topic's limit raised), ``dlq
   replay`` runs (the real code, as a process in the world) before and after the fix, two at
   once, killed or cut off by broker outages, of records older than the TTL; in half the seeds Kafka
-  refuses one produce request of a replay (``refuse-replay``);
+  refuses one produce request of a replay (``refuse-replay``); in half, one or two consoles
+  redrive beside a replay run after the fix (the real ``pipeline/console`` code), half of those
+  with the broker going away as the first reads the DLQ;
 - ``rescale``: ``pipeline rescale`` under load in every seed (with fewer than four partitions),
   and topic configuration changes; in half the seeds the broker goes away as the rescale begins
   to read, and in half the changelogs take batches of at most 512 bytes (``CHANGELOG_LIMIT``: the
@@ -81,6 +83,9 @@ class Mix:
     downtime: float = 0.0  # with the time scenario, chance of a downtime when its own draw gave none
     rescale_outage: float = 0.0  # with a rescale, chance that the broker goes away as it begins to read
     small_changelogs: float = 0.0  # with a rescale, chance of changelogs with a 512-byte max.message.bytes
+    console: float = (
+        0.0  # with redrives, chance of console redrives beside a replay run (tests/simulation/console.py)
+    )
 
 
 MIXES: dict[str, Mix] = {
@@ -132,7 +137,7 @@ MIXES: dict[str, Mix] = {
             silent=0.35,
             bucket_fails=0.5,
         ),
-        Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5),
+        Mix("redrive", time=0.6, redrive=1.0, rescale=0.1, reconfigure=0.2, refuse_replay=0.5, console=0.5),
         Mix(
             "rescale",
             time=0.7,

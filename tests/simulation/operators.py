@@ -23,6 +23,7 @@ from pipeline.ops.rescale import rescale
 from pipeline.records.dlq import DlqFilter
 from tests.simulation import broker as b
 from tests.simulation import wire
+from tests.simulation.console import Consoles
 from tests.simulation.faults import Fault
 from tests.simulation.loop import Process
 from tests.simulation.redrive import COMMAND_LIMIT, SIZE
@@ -71,6 +72,9 @@ class Operators:
         self.rescaling = False  # pipeline rescale runs: no worker starts until it is over (its procedure)
         self._count = 0
         self._alone = asyncio.Lock()  # a fix, a rescale and a downtime each stop workers: one at a time
+        self.consoles = Consoles(
+            world, self._replays_landed
+        )  # console redrives (tests/simulation/console.py)
 
     @property
     def holding(self) -> bool:
@@ -106,10 +110,10 @@ class Operators:
         """``fault.target`` replay runs at once, each SIGKILLed after ``fault.duration`` seconds if that is set."""
         runs = [self._replay() for _ in range(max(fault.target, 1))]
         if fault.steps:  # the broker goes away as the first run begins to read the DLQ
-            self.world.network.on_fetch = (runs[0][1], lambda: self._cut(float(fault.steps)))
+            self.world.network.on_fetch = (runs[0][1], lambda: self.cut(float(fault.steps)))
         await asyncio.gather(*(self._watch(run, fault.duration) for run in runs))
 
-    def _cut(self, seconds: float, who: str = "a replay") -> None:
+    def cut(self, seconds: float, who: str = "a replay") -> None:
         world = self.world
         world.note(f"the broker goes away for {seconds:.0f}s as {who} begins to read")
         world.loop.spawn(None, world.outage(seconds), "outage")
@@ -272,7 +276,7 @@ class Operators:
         }
         process = Process("rescale")
         if fault.duration:  # the broker goes away as the rescale begins to move the changelogs
-            world.network.on_fetch = (process, lambda: self._cut(fault.duration, "the rescale"))
+            world.network.on_fetch = (process, lambda: self.cut(fault.duration, "the rescale"))
         lines: list[str] = []
         task = world.loop.spawn(process, self._run_rescale(fault.target, lines), "rescale")
         while not task.done():

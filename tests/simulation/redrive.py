@@ -39,6 +39,8 @@ REPLAY = (
     "replay"  # dlq replay runs: target = how many at once, duration = SIGKILL after (0: none), detail when,
 )
 # steps = seconds the broker goes away for as the (first) run sends its first fetch (0: it does not)
+CONSOLE = "console-redrive"  # console redrives (tests/simulation/console.py): target = how many at once,
+# steps = seconds the broker goes away for as the first begins to read the DLQ (0: it does not)
 FIX = "fix"  # the causes fixed: the topology given the source, the command topics' limit raised, workers restarted
 SOURCE, SIZE, HANDLER = "source", "size", "handler"
 FIXED_SOURCE = "acme"

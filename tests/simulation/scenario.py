@@ -193,6 +193,15 @@ class Scenario:
             at = rng.uniform(1.0, load.duration + 5.0)  # load.duration: after a downtime too
             bucket = Fault(at, "disk", rng.randrange(self.workers), detail="create", steps=rng.randint(1, 3))
             self.faults = sorted([*self.faults, bucket], key=lambda f: f.at)
+        rng = _apart(seed, 20)
+        if self.redrive is not None and rng.random() < mix.console:
+            after = [
+                f for f in self.faults if f.kind == redrive_module.REPLAY and f.detail == "after the fix"
+            ]
+            at = (rng.choice(after).at if after else duration) + rng.uniform(0.0, 1.0)
+            away = int(rng.uniform(3.0, 40.0)) if rng.random() < 0.5 else 0
+            console = Fault(at, redrive_module.CONSOLE, rng.choice((1, 2)), steps=away)
+            self.faults = sorted([*self.faults, console], key=lambda f: f.at)
         rng = _apart(seed, 16)
         if self.redrive is not None and rng.random() < mix.refuse_replay:
             replays = [f for f in self.faults if f.kind == redrive_module.REPLAY]

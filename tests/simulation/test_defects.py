@@ -176,6 +176,9 @@ CASES = [
     ),
     # a store level with its changelog at start claims nothing (the claim rule's under-claim at start)
     (48, "standby", 0, "w2.2 found its store of sim-effects-2 at changelog offset 13 at start, inside its"),
+    # the console's DLQ read takes a silence for the end: a page shows fewer records, a redrive marks the rest gone
+    # (5 of redrive seeds 0-59: 4, 26, 39, 45, 57; the console redrives of tests/simulation/console.py)
+    (49, "redrive", 4, "console1's page read 0 of the 6 DLQ records it chose, and said nothing"),
 ]
 
 

@@ -26,7 +26,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocol
 
 from pipeline import topology as topology_module
 from pipeline.errors import BrokerUnavailableError, InstanceIdTakenError, StoreLockedError
-from pipeline.kafka.admin import topic_specs
+from pipeline.kafka.admin import redrive_history_spec, topic_specs
 from pipeline.kafka.partitioner import owner_partition
 from pipeline.state import directory
 from pipeline.state.store import bucket_width
@@ -159,7 +159,9 @@ def step_budget(scenario: Scenario) -> int:
     """The callbacks a run of ``scenario`` may take: a livelock spins past it; a long outage with many
     clients retrying is work (seed 1359: a 92 s outage, four workers with two standbys each, took 424k)."""
     outage = sum(f.duration for f in scenario.faults if f.kind == "outage")
-    outage += sum(f.steps for f in scenario.faults if f.kind == redrive.REPLAY)  # cut off as a replay reads
+    outage += sum(
+        f.steps for f in scenario.faults if f.kind in (redrive.REPLAY, redrive.CONSOLE)
+    )  # cut as one reads
     outage += sum(f.duration for f in scenario.faults if f.kind == RESCALE)  # cut off as a rescale reads
     return STEPS + int(STEPS_PER_OUTAGE_S * outage) + (STEPS_OLDER if scenario.older else 0)
 
@@ -500,6 +502,11 @@ class World:
             ):
                 config.max_message_bytes = min(config.max_message_bytes, redrive.COMMAND_LIMIT)
             self.broker.create_topic(spec.name, spec.partitions, config)
+        if any(
+            f.kind == redrive.CONSOLE for f in scenario.faults
+        ):  # the console's history (it never creates it
+            history = redrive_history_spec(self.topology)  # here: the model answers no CreateTopics)
+            self.broker.create_topic(history.name, 1, b.TopicConfig(cleanup_policy="compact"))
 
     # -- workers ----------------------------------------------------------------------------
     def settings(self, slot: Slot) -> WorkerSettings:
@@ -642,6 +649,9 @@ class World:
             return
         if kind == redrive.REPLAY:
             await operators.replays(fault)
+            return
+        if kind == redrive.CONSOLE:
+            await operators.consoles.redrives(fault, operators.cut)
             return
         if kind == RESCALE:
             await operators.rescale(fault)
