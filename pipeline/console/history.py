@@ -59,9 +59,8 @@ class RunRecord:
     key: str | None
     state: str = "planned"  # planned, sent, skipped
     to_partition: int | None = None  # the partition it was produced to
-    to_topic: str | None = (
-        None  # the topic it was produced to: the input, or the effects topic (None: the input)
-    )
+    # the topic it was produced to: the input, or the effects topic (None: the input, an older console's run)
+    to_topic: str | None = None
     skip: str = ""  # why it was not produced
     outcome: str | None = None  # the worker's outcome: first, duplicate, conflict, invalid
     outcome_reason: str | None = None  # the reason of an invalid outcome

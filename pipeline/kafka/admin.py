@@ -15,9 +15,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotRead
 
 from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka.alter_configs import set_topic_configs
-from pipeline.kafka.internals import cluster_ids
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
-from pipeline.kafka.topic_checks import refused_configs
 from pipeline.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -182,7 +180,7 @@ async def ensure_topics(
                 if problem is not None:
                     raise ConfigError(problem)
         present = [s for s in specs if s.name in existing]
-        current = await _read_configs(admin, [s.name for s in present if s.configs])
+        current = await read_configs(admin, [s.name for s in present if s.configs])
         changes = {
             s.name: {
                 key: value for key, value in s.configs.items() if current.get(s.name, {}).get(key) != value
@@ -204,7 +202,7 @@ async def _served_counts(admin: AIOKafkaAdminClient, names: list[str], timeout: 
     """Each topic's partition count once the broker serves it (another client just created it)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        counts = {t["topic"]: _served_partitions(t) for t in await admin.describe_topics(names)}
+        counts = {t["topic"]: served_partitions(t) for t in await admin.describe_topics(names)}
         if all(counts.get(name) for name in names):
             return {name: count for name, count in counts.items() if count}
         if asyncio.get_running_loop().time() > deadline:
@@ -239,7 +237,7 @@ def _partition_problem(specs: Sequence[TopicSpec], existing: dict[str, int]) -> 
     )
 
 
-async def _read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, dict[str, str]]:
+async def read_configs(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """The current configs of ``names`` over an open admin client."""
     if not names:
         return {}
@@ -270,7 +268,7 @@ async def until_served(admin: AIOKafkaAdminClient, wanted: dict[str, int], *, ti
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         described = await admin.describe_topics(list(wanted))
-        ready = {t["topic"] for t in described if _served_partitions(t) == wanted.get(t["topic"])}
+        ready = {t["topic"] for t in described if served_partitions(t) == wanted.get(t["topic"])}
         if ready >= set(wanted):
             return
         if asyncio.get_running_loop().time() > deadline:
@@ -283,7 +281,7 @@ async def partition_count(bootstrap: str, topic: str) -> int | None:
     """How many partitions ``topic`` has, or ``None`` when it does not exist."""
     async with admin_client(bootstrap) as admin:
         [described] = await admin.describe_topics([topic])
-    return _served_partitions(described)
+    return served_partitions(described)
 
 
 def missing_topic(topic: str) -> ConfigError:
@@ -302,7 +300,7 @@ async def require_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) ->
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             [described] = await admin.describe_topics([topic])
-            count = _served_partitions(described)
+            count = served_partitions(described)
             if count is not None:
                 return count
             if described.get("error_code") == UNKNOWN_TOPIC_OR_PARTITION:
@@ -312,7 +310,7 @@ async def require_topic(bootstrap: str, topic: str, *, timeout: float = 10.0) ->
             await asyncio.sleep(0.1)
 
 
-def _served_partitions(described: dict[str, Any]) -> int | None:
+def served_partitions(described: dict[str, Any]) -> int | None:
     """The partition count in one topic's metadata, or ``None`` when the broker does not serve it."""
     if described.get("error_code", 0) != 0 or not described.get("partitions"):
         return None
@@ -322,80 +320,4 @@ def _served_partitions(described: dict[str, Any]) -> int | None:
 async def describe_topic_configs(bootstrap: str, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """The current configs of ``names`` (all keys, defaults included)."""
     async with admin_client(bootstrap) as admin:
-        return await _read_configs(admin, names)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicLayout:
-    """What the worker learns about its topics at start."""
-
-    counts: dict[str, int]  # partitions of each topic
-    limits: dict[str, int]  # the largest record each takes
-    timestamps: dict[str, tuple[int, int]]  # (before, after) ms each accepts, for the topics that bound them
-    cluster: str  # the cluster's id
-    topic_ids: dict[str, str]  # each topic's id: a topic deleted and created again has another
-
-
-def timestamp_bounds(configs: dict[str, str]) -> tuple[int, int] | None:
-    """The (before, after) ms around the broker's clock a topic accepts, or None when it takes any time.
-
-    ``message.timestamp.before.max.ms`` and ``after.max.ms`` (Kafka 3.6 and later; Kafka 4's
-    default after is one hour), else the older ``message.timestamp.difference.max.ms`` both
-    ways; a topic stamped with the log append time accepts anything.
-    """
-    if configs.get("message.timestamp.type") == "LogAppendTime":
-        return None
-
-    def bound(key: str) -> int:
-        raw = configs.get(key) or configs.get("message.timestamp.difference.max.ms") or ""
-        return int(raw) if raw.isdigit() else NO_LIMIT_MS
-
-    before, after = bound("message.timestamp.before.max.ms"), bound("message.timestamp.after.max.ms")
-    if before >= NO_LIMIT_MS and after >= NO_LIMIT_MS:
-        return None
-    return before, after
-
-
-async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 10.0) -> TopicLayout:
-    """Every topic the worker reads or writes: its partition count, largest record and timestamp
-    bounds, with the cluster id and the topic ids, over one admin connection.
-
-    Raises :class:`ConfigError` when a topic is missing, a changelog's
-    partition count differs from its source topic's, or the audit or DLQ topic is compacted.
-    """
-    topics = topology.topics
-    names = [topics.input, topics.audit, topics.dlq, topics.changelog, *topology.command_topics()]
-    stages = [(topics.input, topics.changelog)]
-    if topology.has_effects:
-        names += [topics.effects, topics.effects_changelog]
-        stages.append((topics.effects, topics.effects_changelog))
-    async with admin_client(bootstrap, timeout=timeout) as admin:
-        described = {t["topic"]: _served_partitions(t) for t in await admin.describe_topics(names)}
-        counts = {}
-        for name in names:
-            count = described.get(name)
-            if count is None:
-                raise missing_topic(name)
-            counts[name] = count
-        for source, changelog in stages:
-            if counts[changelog] != counts[source]:
-                raise ConfigError(
-                    f"changelog {changelog} has {counts[changelog]} partitions but {source} "
-                    f"has {counts[source]}: they must match (a `pipeline rescale` that did not finish? "
-                    "run it again)"
-                )
-        configs = await _read_configs(admin, names)
-        ids = await cluster_ids(admin, names)
-    refusal = refused_configs(topology, configs)
-    if refusal is not None:
-        raise refusal
-    limits = {}
-    bounds = {}
-    for name in names:
-        raw = configs.get(name, {}).get("max.message.bytes")
-        limit = int(raw) if raw and raw.isdigit() else MAX_MESSAGE_BYTES
-        limits[name] = min(limit, MAX_MESSAGE_BYTES)  # the producers' own request limit
-        found = timestamp_bounds(configs.get(name, {}))
-        if found is not None:
-            bounds[name] = found
-    return TopicLayout(counts, limits, bounds, ids.cluster, ids.topics)
+        return await read_configs(admin, names)

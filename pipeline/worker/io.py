@@ -17,12 +17,12 @@ from typing import Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from pipeline.kafka import internals
-from pipeline.kafka.admin import TopicLayout, topic_layout
 from pipeline.kafka.changelog import ChangelogReader
 from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from pipeline.kafka.fencing import fence_transactional_id
 from pipeline.kafka.group import ConsumerGroup
 from pipeline.kafka.requests import GroupMetadata
+from pipeline.kafka.topic_layout import TopicLayout, topic_layout
 from pipeline.kafka.transactional import SendOffsets
 from pipeline.state.directory import StoreOpener
 from pipeline.state.store import PartitionStore

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import PipelineError
-from pipeline.kafka.admin import TopicLayout
+from pipeline.kafka.topic_layout import TopicLayout
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError
 from tests.chaos.cluster import Broker
 from tests.conftest import Unique
 from tests.integration.browser import browser  # noqa: F401  (the console tests' headless Chromium)
+from tests.integration.faults import Workers
 from tests.integration.harness import Env, write_topology
 from tests.integration.postgres import postgres_db, postgres_dsn  # noqa: F401  (fixtures for this directory)
 from tests.integration.wheel import Venv, installed_wheel
@@ -81,3 +82,11 @@ def own_broker(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+async def workers(bootstrap: str, tmp_path: Path) -> AsyncIterator[Workers]:
+    """Worker subprocesses of this test; every one is stopped (SIGTERM, then SIGKILL) afterwards."""
+    started = Workers(bootstrap, tmp_path / "logs")
+    yield started
+    started.stop_all()

@@ -7,8 +7,7 @@ live for first. ``pipeline/kafka/topic_checks.py`` has the rules; this shows the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,14 +19,6 @@ from tests.integration.test_failure_paths import topics_create
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 MakeEnv = Callable[..., Any]
-
-
-@pytest.fixture
-async def workers(bootstrap: str, tmp_path: Path) -> AsyncIterator[Workers]:
-    """Worker subprocesses of this test; every one is stopped (SIGTERM, then SIGKILL) afterwards."""
-    started = Workers(bootstrap, tmp_path / "logs")
-    yield started
-    started.stop_all()
 
 
 async def test_a_ttl_raised_without_topics_create_stops_the_worker_at_start_with_one_line(

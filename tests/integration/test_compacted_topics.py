@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,14 +21,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 MakeEnv = Callable[..., Any]
 KEYLESS = (None, b'{"no": "id"}', [("source", b"stripe")])  # no key, and none in the body: missing-key
-
-
-@pytest.fixture
-async def workers(bootstrap: str, tmp_path: Path) -> AsyncIterator[Workers]:
-    """Worker subprocesses of this test; every one is stopped (SIGTERM, then SIGKILL) afterwards."""
-    started = Workers(bootstrap, tmp_path / "logs")
-    yield started
-    started.stop_all()
 
 
 async def compact(env: Env, topic: str) -> None:

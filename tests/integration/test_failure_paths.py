@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +44,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 MakeEnv = Callable[..., Any]
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-async def workers(bootstrap: str, tmp_path: Path) -> AsyncIterator[Workers]:
-    """Worker subprocesses of this test; every one is stopped (SIGTERM, then SIGKILL) afterwards."""
-    started = Workers(bootstrap, tmp_path / "logs")
-    yield started
-    started.stop_all()
 
 
 def start(workers: Workers, env: Env, name: str, *extra: str, state_dir: Path | None = None) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from pipeline.kafka import admin
+from pipeline.kafka.topic_layout import topic_layout
 from pipeline.state import directory
 from pipeline.state.decision import Entry
 from pipeline.state.store import Change, PartitionStore
@@ -172,7 +172,7 @@ async def test_a_standby_on_a_disk_from_another_changelog_rebuilds_it(pipeline_e
     total = sum(len(w) for w in waves)
     topo = env.topo
     topics = topo.topics
-    layout = await admin.topic_layout(env.bootstrap, topo)
+    layout = await topic_layout(env.bootstrap, topo)
     now = int(time.time() * 1000)
     for partition in range(2):
         tp_path = directory.store_path(

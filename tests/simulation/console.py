@@ -52,7 +52,6 @@ class Consoles:
         self.world = world
         self._landed = landed  # the DLQ records some record in Kafka says it was replayed from
         self._count = 0
-        self.outcomes: list[str] = []
 
     async def redrives(self, fault: Fault, cut: Callable[[float, str], None]) -> None:
         """``fault.target`` consoles redrive at once; with ``fault.steps``, the broker goes away for that many seconds
@@ -119,7 +118,6 @@ class Consoles:
                 await history.close()
             except (KafkaError, OSError) as exc:
                 world.note(f"{name}: its history client did not close cleanly: {exc!r}")
-        self.outcomes.append(f"{name} {outcome}")
         world.note(f"{name} ended: {outcome[:300]}")
 
     def _check(self, name: str, run: Run) -> None:

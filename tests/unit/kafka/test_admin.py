@@ -7,7 +7,8 @@ from aiokafka.errors import KafkaConnectionError
 
 from pipeline.errors import BrokerUnavailableError
 from pipeline.kafka import admin
-from pipeline.kafka.admin import NO_LIMIT_MS, timestamp_bounds, topic_specs
+from pipeline.kafka.admin import NO_LIMIT_MS, topic_specs
+from pipeline.kafka.topic_layout import timestamp_bounds
 from pipeline.topology import load
 from tests.unit.worker.fakes import TOPOLOGY_PATH
 

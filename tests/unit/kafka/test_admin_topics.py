@@ -13,7 +13,6 @@ from pipeline.errors import BrokerUnavailableError, ConfigError, PipelineError
 from pipeline.kafka import admin
 from pipeline.kafka.admin import (
     NO_LIMIT_MS,
-    TopicLayout,
     TopicResult,
     TopicSpec,
     check_bootstrap,
@@ -22,12 +21,11 @@ from pipeline.kafka.admin import (
     partition_count,
     redrive_history_spec,
     require_topic,
-    timestamp_bounds,
-    topic_layout,
     topic_specs,
     until_served,
 )
 from pipeline.kafka.settings import MAX_MESSAGE_BYTES
+from pipeline.kafka.topic_layout import TopicLayout, timestamp_bounds, topic_layout
 from pipeline.topology import Topology, parse
 from tests.unit.kafka.admin_fakes import LEADER_NOT_AVAILABLE, Created, FakeBroker, FakeClock
 
@@ -360,7 +358,7 @@ def test_timestamp_bounds_read_create_time_empty_and_unbounded_settings(
     assert timestamp_bounds(configs) == expected
 
 
-# -- _served_partitions ------------------------------------------------------------------------------
+# -- served_partitions ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -378,7 +376,7 @@ def test_a_topic_is_served_with_its_partitions_only_without_an_error_and_with_pa
     described: dict[str, Any], expected: int | None
 ) -> None:
     """The partition count, or None when the metadata carries an error or no partition."""
-    assert admin._served_partitions(described) == expected
+    assert admin.served_partitions(described) == expected
 
 
 # -- until_served ------------------------------------------------------------------------------------

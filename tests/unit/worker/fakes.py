@@ -36,9 +36,9 @@ from aiokafka.structs import ConsumerRecord
 
 from pipeline import topology as topology_module
 from pipeline.headers import RECEIVED_AT_HEADER, SOURCE_HEADER
-from pipeline.kafka.admin import TopicLayout
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
 from pipeline.kafka.requests import GroupMetadata
+from pipeline.kafka.topic_layout import TopicLayout
 from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.partition_transaction import PartitionTransaction
 from pipeline.state.restore import RestoreBudget, Restorer

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipeline.kafka.admin import TopicLayout
+from pipeline.kafka.topic_layout import TopicLayout
 from pipeline.worker import limits as limits_module
 from pipeline.worker.limits import TopicLimits
 

@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from pipeline import topology as topology_module
 from pipeline.errors import BrokerUnavailableError, PipelineError
 from pipeline.headers import ORIGINAL_TIMESTAMP_HEADER
-from pipeline.kafka.admin import TopicLayout
+from pipeline.kafka.topic_layout import TopicLayout
 from pipeline.state.store import PartitionStore
 from pipeline.worker.clients import worker_transactional_id
 from pipeline.worker.health import STOPPED
