@@ -61,6 +61,11 @@ class Only:
     first: int = 0
     last: int = 1 << 30
 
+    @property
+    def ranged(self) -> bool:
+        """Whether only some lines of the file are selected."""
+        return bool(self.first) or self.last < 1 << 30
+
     @classmethod
     def parse(cls, text: str) -> Only:
         """``path``, ``path:first-last`` (lines), or ``path:name`` (a function, or ``Class.method``: its lines
@@ -244,7 +249,7 @@ def save_ledger(ledger: Path, work: Path, files: list[str], only: list[Only], co
         for name, code in sorted(data["exit_code_by_key"].items()):
             if code is None:
                 continue
-            if ranges and any(o.first or o.last < 1 << 30 for o in ranges):
+            if any(o.ranged for o in ranges):
                 line = _line(work, path, name)
                 if not any(o.first <= line <= o.last for o in ranges):
                     continue
@@ -437,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(env)
         if args.ledger is not None and not args.resume:
             print(f"{load_ledger(_at_root(args.ledger), work)} results taken from {args.ledger}", flush=True)
-        lines = any(o.first or o.last < 1 << 30 for o in only)
+        lines = any(o.ranged for o in only)
         names = _names_in_lines(work, only) if lines else []
         if names and (args.resume or args.ledger is not None):
             # named mutants are run whatever their result: name only those not judged yet
