@@ -30,7 +30,8 @@ from tests.simulation.redrive import COMMAND_LIMIT, SIZE
 from tests.simulation.scenario import GROUP
 
 if TYPE_CHECKING:
-    from tests.simulation.world import Slot, World
+    from tests.simulation.fleet import Slot
+    from tests.simulation.world import World
 
 BOOTSTRAP = f"{wire.HOST}:{wire.PORT}"
 REPLAY_TIMEOUT_S = 60.0  # dlq replay's --timeout (its default)
@@ -102,7 +103,7 @@ class Operators:
         for slot in list(world.slots):
             process = slot.process
             if process is not None and process.alive and slot.wanted:
-                await world.restart(slot, process, 0.5)
+                await world.fleet.leave(slot, process, 0.5)
         self.fixed = True
         world.note("fix: every worker runs with the fix")
 
@@ -258,11 +259,11 @@ class Operators:
         world = self.world
         self.rescaling = True
         try:
-            await self._rescale_stopped(fault, await world.stop_workers())
+            await self._rescale_stopped(fault, await world.fleet.stop_workers())
         finally:
             self.rescaling = False
         for slot in world.slots:  # those stopped for it, and any that joined meanwhile
-            world.start(slot)
+            world.fleet.start(slot)
 
     async def _rescale_stopped(self, fault: Fault, wanted: list[Slot]) -> None:
         world = self.world
@@ -334,14 +335,14 @@ class Operators:
             self.down = (
                 True  # before the stop: a rolling restart finishing meanwhile starts nobody (seed 3356)
             )
-            down = await world.stop_workers(kill=fault.detail == "kill")
+            down = await world.fleet.stop_workers(kill=fault.detail == "kill")
             world.note(f"downtime: every worker down for {fault.duration / 3600:.1f}h")
             await asyncio.sleep(fault.duration)
             self.down = False
             world.note("downtime over: the workers start again")
             for slot in world.slots:
                 slot.wanted = slot.wanted or slot in down
-                world.start(slot)
+                world.fleet.start(slot)
 
     async def _quiet(self) -> None:
         """Before a silent downtime: wait (up to :data:`QUIET_LIMIT_S`) until the workers have handled every

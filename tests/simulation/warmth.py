@@ -27,7 +27,8 @@ from pipeline.worker.standby import RETRY_MAX_S
 from tests.simulation.scenario import GROUP
 
 if TYPE_CHECKING:
-    from tests.simulation.world import Slot, World
+    from tests.simulation.fleet import Slot
+    from tests.simulation.world import World
 
 WARM_LIMIT_S = RETRY_MAX_S + 15.0  # a failed standby's longest wait, and a few rounds to catch up
 
