@@ -23,8 +23,8 @@ from pipeline.state import directory
 from pipeline.state.store import bucket_width
 from pipeline.state.store_meta import StoreIdentity
 from tests.simulation import broker as b
+from tests.simulation import codes, handlers, redrive, timeline
 from tests.simulation import faults as fault_module
-from tests.simulation import handlers, redrive, timeline
 from tests.simulation.faults import RECONFIGURE, RESCALE, REVOKE_MID_OPEN, Fault, SimStore
 from tests.simulation.loop import Process
 from tests.simulation.scenario import APP, GROUP
@@ -86,7 +86,7 @@ class Injector:
         if kind == "fence":
             txn_id = self._txn_of_partition(fault.target)
             if txn_id is not None and txn_id in self.world.broker.txns:
-                while self.world.broker.init_producer_id(txn_id, 60_000)[0] == b.CONCURRENT_TRANSACTIONS:
+                while self.world.broker.init_producer_id(txn_id, 60_000)[0] == codes.CONCURRENT_TRANSACTIONS:
                     await asyncio.sleep(0.05)
             return
         if kind == fault_module.STORM:

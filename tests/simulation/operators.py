@@ -21,8 +21,7 @@ from pipeline.headers import REPLAYED_FROM_HEADER
 from pipeline.ops.dlq import replay
 from pipeline.ops.rescale import rescale
 from pipeline.records.dlq import DlqFilter
-from tests.simulation import broker as b
-from tests.simulation import wire
+from tests.simulation import logs, wire
 from tests.simulation.console import Consoles
 from tests.simulation.faults import Fault
 from tests.simulation.loop import Process
@@ -98,7 +97,7 @@ class Operators:
         world.use_topology(fixed=True)
         if SIZE in causes:
             for name in world.topology.command_topics():
-                world.broker.topics[name].config.max_message_bytes = b.TopicConfig().max_message_bytes
+                world.broker.topics[name].config.max_message_bytes = logs.TopicConfig().max_message_bytes
         world.note("fix: the causes are fixed; restarting the workers one by one")
         for slot in list(world.slots):
             process = slot.process
@@ -373,13 +372,13 @@ class Operators:
         topics = world.topology.topics
         changelogs = [topics.changelog] + ([topics.effects_changelog] if world.scenario.effects else [])
         if fault.detail in ("log-append-time", "create-time"):
-            kind = b.LOG_APPEND_TIME if fault.detail == "log-append-time" else "CreateTime"
+            kind = logs.LOG_APPEND_TIME if fault.detail == "log-append-time" else "CreateTime"
             for name in changelogs:
                 world.broker.topics[name].config.timestamp_type = kind
         elif fault.detail == "limits-up":
             for name in world.topology.command_topics():
                 config = world.broker.topics[name].config
-                config.max_message_bytes = max(config.max_message_bytes, b.TopicConfig().max_message_bytes)
+                config.max_message_bytes = max(config.max_message_bytes, logs.TopicConfig().max_message_bytes)
         elif fault.detail == "limits-down":  # the workers learn it from the broker's refusals
             for name in world.topology.command_topics():
                 world.broker.topics[name].config.max_message_bytes = COMMAND_LIMIT

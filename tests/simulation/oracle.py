@@ -63,7 +63,8 @@ from pipeline.headers import (
     REROUTED_FROM_HEADER,
 )
 from tests.simulation.blame import SIZE, Blame, Bounds
-from tests.simulation.broker import NO_LIMIT, Broker
+from tests.simulation.broker import Broker
+from tests.simulation.logs import NO_LIMIT
 from tests.simulation.windows import Copy, Stream, Windows
 from tests.simulation.workload import SIM_ID, Delivery
 

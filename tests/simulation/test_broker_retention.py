@@ -13,7 +13,7 @@ from pipeline.kafka.admin import partition_count
 from pipeline.ops.rescale import _raise_partitions, group_members
 from pipeline.topology import parse
 from tests.simulation import broker as b
-from tests.simulation import wire
+from tests.simulation import codes, logs, wire
 from tests.simulation.records import decode_produced, plain_batch
 from tests.simulation.test_broker_rules import Model
 
@@ -27,7 +27,7 @@ def _append(model: Model, topic: str, timestamp: int, value: bytes = b"v" * 100)
     log = model.broker.log(topic, 0)
     assert log is not None
     error, base = log.append(produced, model.broker.topics[topic].config, model.broker.now_ms())
-    assert error == b.NONE
+    assert error == codes.NONE
     return base
 
 
@@ -37,7 +37,7 @@ def test_retention_deletes_whole_segments_older_than_retention_by_the_brokers_cl
     range; a segment holding one recent record stays whole."""
     model = Model()
     model.loop.max_time = 10_000.0
-    config = b.TopicConfig(retention_ms=HOUR, segment_bytes=400, cleanup_policy="compact,delete")
+    config = logs.TopicConfig(retention_ms=HOUR, segment_bytes=400, cleanup_policy="compact,delete")
     model.broker.create_topic("changelog", 1, config)
     log = model.broker.log("changelog", 0)
     assert log is not None
@@ -65,7 +65,9 @@ def test_a_log_append_time_topic_stamps_each_batch_with_the_brokers_clock() -> N
     CRC still valid), its records read as stamped then, and neither the timestamp bounds nor the producer's
     time matter: retention counts from the append."""
     model = Model()
-    config = b.TopicConfig(timestamp_type=b.LOG_APPEND_TIME, timestamp_after_max_ms=HOUR, retention_ms=HOUR)
+    config = logs.TopicConfig(
+        timestamp_type=logs.LOG_APPEND_TIME, timestamp_after_max_ms=HOUR, retention_ms=HOUR
+    )
     model.broker.create_topic("stamped", 1, config)
     log = model.broker.log("stamped", 0)
     assert log is not None
@@ -107,13 +109,13 @@ verify = "none"
     from pipeline.kafka.admin import topic_specs  # noqa: PLC0415
 
     for spec in topic_specs(topology):
-        model.broker.create_topic(spec.name, spec.partitions, b.TopicConfig())
+        model.broker.create_topic(spec.name, spec.partitions, logs.TopicConfig())
 
     async def scenario(model: Model) -> None:
         assert await group_members(BOOTSTRAP, "group") == 0
         member = next(iter(await model.join("")))
         assert await group_members(BOOTSTRAP, "group") == 1
-        model.broker.leave("group", member)
+        model.broker.coordinator.leave("group", member)
         await _raise_partitions(BOOTSTRAP, [s.name for s in topic_specs(topology)], 5, lambda _line: None)
         for spec in topic_specs(topology):
             assert await partition_count(BOOTSTRAP, spec.name) == 5

@@ -28,7 +28,7 @@ from pipeline.kafka.requests import (
 )
 from pipeline.kafka.stable_offsets import committed_stable
 from tests.simulation import broker as b
-from tests.simulation import wire
+from tests.simulation import codes, logs, wire
 from tests.simulation.loop import SimLoop, virtual_time
 
 GROUP, TXN = "group", "worker-1"
@@ -70,17 +70,23 @@ class Model:
         """``members`` (member ids the model gave, and "" for each new one) join one generation: the new ones
         first (the group waits for its known members to rejoin), then the known ones; each one's generation."""
         args = ("client", None, 10_000, 10_000, "consumer", [("range", b"")])
-        new = [(await self.broker.join(GROUP, "", *args))["member_id"] for member in members if not member]
-        joins = [self.broker.join(GROUP, member, *args) for member in [*new, *filter(None, members)]]
+        new = [
+            (await self.broker.coordinator.join(GROUP, "", *args))["member_id"]
+            for member in members
+            if not member
+        ]
+        joins = [
+            self.broker.coordinator.join(GROUP, member, *args) for member in [*new, *filter(None, members)]
+        ]
         answers = await asyncio.gather(*joins)
-        assert all(answer["error"] == b.NONE for answer in answers), answers
+        assert all(answer["error"] == codes.NONE for answer in answers), answers
         return {answer["member_id"]: int(answer["generation"]) for answer in answers}
 
     def begin(self, timeout_ms: int = 60_000) -> tuple[int, int]:
         """A transaction of TXN holding the group's offsets (InitProducerId, AddOffsetsToTxn): (producer id, epoch)."""
         error, pid, epoch = self.broker.init_producer_id(TXN, timeout_ms)
-        assert error == b.NONE
-        assert self.broker.add_offsets(TXN, pid, epoch, GROUP) == b.NONE
+        assert error == codes.NONE
+        assert self.broker.add_offsets(TXN, pid, epoch, GROUP) == codes.NONE
         return pid, epoch
 
     async def commit_offsets(
@@ -125,10 +131,10 @@ def test_offsets_of_a_generation_a_rebalance_ended_are_refused() -> None:
         assert generations[first] == 2
         producer = model.begin()
         stale = GroupMetadata(GROUP, 1, first, None)
-        assert await model.commit_offsets(producer, 5, stale) == b.ILLEGAL_GENERATION
+        assert await model.commit_offsets(producer, 5, stale) == codes.ILLEGAL_GENERATION
         assert model.broker.group(GROUP).pending_offsets == {}
-        assert await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 2, first, None)) == b.NONE
-        assert await model.end(producer, commit=True) == b.NONE
+        assert await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 2, first, None)) == codes.NONE
+        assert await model.end(producer, commit=True) == codes.NONE
         assert await model.plain() == 5
 
     Model().run(scenario)
@@ -142,12 +148,12 @@ def test_offsets_of_a_member_the_group_does_not_have_are_refused() -> None:
         producer = model.begin()
         assert (
             await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 1, "gone", None))
-            == b.ILLEGAL_GENERATION
+            == codes.ILLEGAL_GENERATION
         )
         await model.join("")
         assert (
             await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 1, "gone", None))
-            == b.UNKNOWN_MEMBER_ID
+            == codes.UNKNOWN_MEMBER_ID
         )
 
     Model().run(scenario)
@@ -161,9 +167,10 @@ def test_a_static_member_replaced_under_its_instance_id_is_fenced() -> None:
         model.broker.group(GROUP).members[member].instance_id = "instance-1"
         producer = model.begin()
         zombie = GroupMetadata(GROUP, 1, "an-older-member-id", "instance-1")
-        assert await model.commit_offsets(producer, 5, zombie) == b.FENCED_INSTANCE_ID
+        assert await model.commit_offsets(producer, 5, zombie) == codes.FENCED_INSTANCE_ID
         assert (
-            await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 1, member, "instance-1")) == b.NONE
+            await model.commit_offsets(producer, 5, GroupMetadata(GROUP, 1, member, "instance-1"))
+            == codes.NONE
         )
 
     Model().run(scenario)
@@ -175,8 +182,8 @@ def test_offsets_that_name_no_member_are_taken_as_before() -> None:
     async def scenario(model: Model) -> None:
         await model.join("")
         producer = model.begin()
-        assert await model.commit_offsets(producer, 4, None) == b.NONE
-        assert await model.end(producer, commit=True) == b.NONE
+        assert await model.commit_offsets(producer, 4, None) == codes.NONE
+        assert await model.end(producer, commit=True) == codes.NONE
         assert await model.plain() == 4
 
     Model().run(scenario)
@@ -188,16 +195,16 @@ def test_a_stable_read_is_refused_while_a_transaction_holds_the_offsets_then_get
 
     async def scenario(model: Model) -> None:
         producer = model.begin()
-        assert await model.commit_offsets(producer, 3, None) == b.NONE
+        assert await model.commit_offsets(producer, 3, None) == codes.NONE
         assert await model.stable() == ({}, [TP])
         assert await model.plain() == -1
-        assert await model.end(producer, commit=True) == b.NONE
+        assert await model.end(producer, commit=True) == codes.NONE
         assert await model.stable() == ({TP: 3}, [])
 
         producer = model.begin()
-        assert await model.commit_offsets(producer, 9, None) == b.NONE
+        assert await model.commit_offsets(producer, 9, None) == codes.NONE
         assert await model.stable() == ({}, [TP])
-        assert await model.end(producer, commit=False) == b.NONE
+        assert await model.end(producer, commit=False) == codes.NONE
         assert await model.stable() == ({TP: 3}, [])
 
     Model().run(scenario)
@@ -210,7 +217,7 @@ def test_the_markers_not_yet_written_still_hold_the_offsets() -> None:
         producer = model.begin()
         await model.commit_offsets(producer, 3, None)
         model.broker.marker_delay = (0.5, 0.5)
-        assert model.broker.end_txn(TXN, *producer, True) == b.NONE
+        assert model.broker.end_txn(TXN, *producer, True) == codes.NONE
         assert await model.stable() == ({}, [TP])
         await asyncio.sleep(0.6)
         assert await model.stable() == ({TP: 3}, [])
@@ -224,12 +231,12 @@ def test_the_coordinator_aborts_a_transaction_that_outlived_its_timeout() -> Non
 
     async def scenario(model: Model) -> None:
         producer = model.begin(timeout_ms=2_000)
-        assert await model.commit_offsets(producer, 3, None) == b.NONE
+        assert await model.commit_offsets(producer, 3, None) == codes.NONE
         await asyncio.sleep(5)
         assert await model.stable() == ({}, [TP])  # past its timeout, not yet found by the scan
         await asyncio.sleep(6)
         assert await model.stable() == ({TP: None}, [])
-        assert model.broker.end_txn(TXN, *producer, True) == b.INVALID_PRODUCER_EPOCH
+        assert model.broker.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
         assert any("timed out, aborted" in line for line in model.trace)
 
     Model().run(scenario)
@@ -240,7 +247,7 @@ def test_the_pipelines_eos_v2_calls_work_through_aiokafkas_clients_on_the_model(
     with the group metadata commit, a stale generation's are refused and the transaction aborts, the stable read
     gets the committed offset, and fencing a transactional id fences its producer."""
     model = Model()
-    model.broker.create_topic(TP.topic, 1, b.TopicConfig())
+    model.broker.create_topic(TP.topic, 1, logs.TopicConfig())
     bootstrap = f"{wire.HOST}:{wire.PORT}"
 
     async def scenario(model: Model) -> None:
@@ -287,26 +294,30 @@ def test_a_static_member_joining_under_a_known_instance_id_replaces_the_member_t
 
     async def scenario(model: Model) -> None:
         args = ("client", None, 10_000, 10_000, "consumer", [("range", b"")])
-        first = await model.broker.join(GROUP, "", *args, instance_id="w0")
-        assert first["error"] == b.NONE
+        first = await model.broker.coordinator.join(GROUP, "", *args, instance_id="w0")
+        assert first["error"] == codes.NONE
         old = first["member_id"]
         assert old.startswith("w0-")
-        joining = asyncio.ensure_future(model.broker.join(GROUP, "", *args, instance_id="w0"))
+        joining = asyncio.ensure_future(model.broker.coordinator.join(GROUP, "", *args, instance_id="w0"))
         second = await joining
         new = second["member_id"]
-        assert (second["error"], new != old) == (b.NONE, True)
+        assert (second["error"], new != old) == (codes.NONE, True)
         assert list(model.broker.group(GROUP).members) == [new]
-        assert (await model.broker.join(GROUP, old, *args, instance_id="w0"))["error"] == b.FENCED_INSTANCE_ID
-        synced = await model.broker.sync(GROUP, second["generation"], old, [], instance_id="w0")
-        assert synced["error"] == b.FENCED_INSTANCE_ID
-        assert model.broker.heartbeat(GROUP, second["generation"], old) == b.UNKNOWN_MEMBER_ID
+        assert (await model.broker.coordinator.join(GROUP, old, *args, instance_id="w0"))[
+            "error"
+        ] == codes.FENCED_INSTANCE_ID
+        synced = await model.broker.coordinator.sync(GROUP, second["generation"], old, [], instance_id="w0")
+        assert synced["error"] == codes.FENCED_INSTANCE_ID
+        assert model.broker.coordinator.heartbeat(GROUP, second["generation"], old) == codes.UNKNOWN_MEMBER_ID
         assert (
-            await model.broker.sync(GROUP, second["generation"], new, [(new, b"a")], instance_id="w0")
+            await model.broker.coordinator.sync(
+                GROUP, second["generation"], new, [(new, b"a")], instance_id="w0"
+            )
         ) == {
-            "error": b.NONE,
+            "error": codes.NONE,
             "assignment": b"a",
         }
-        assert model.broker.heartbeat(GROUP, second["generation"], new, "w0") == b.NONE
+        assert model.broker.coordinator.heartbeat(GROUP, second["generation"], new, "w0") == codes.NONE
 
     Model().run(scenario)
 
@@ -319,17 +330,17 @@ def test_a_corrupt_fault_refuses_one_produce_of_its_transactional_id_and_never_t
 
     async def scenario(model: Model) -> None:
         pid, _ = model.begin()
-        assert model.broker._corrupt(pid) == b.NONE  # nothing injected
+        assert model.broker._corrupt(pid) == codes.NONE  # nothing injected
         model.broker.inject("corrupt", "produce", TXN)
-        assert model.broker._corrupt(pid) == b.CORRUPT_MESSAGE
-        assert model.broker._corrupt(pid) == b.NONE
+        assert model.broker._corrupt(pid) == codes.CORRUPT_MESSAGE
+        assert model.broker._corrupt(pid) == codes.NONE
         model.broker.inject("corrupt", "produce", TXN)
         await asyncio.sleep(b.CORRUPT_APART_S - 1)
-        assert model.broker._corrupt(pid) == b.NONE
+        assert model.broker._corrupt(pid) == codes.NONE
         assert model.broker.injected == []
         await asyncio.sleep(2)
         model.broker.inject("corrupt", "produce", TXN)
-        assert model.broker._corrupt(pid) == b.CORRUPT_MESSAGE
+        assert model.broker._corrupt(pid) == codes.CORRUPT_MESSAGE
 
     Model().run(scenario)
 
@@ -340,12 +351,12 @@ def test_a_lost_commit_takes_the_commit_loses_its_reply_and_fences_the_id_before
 
     async def scenario(model: Model) -> None:
         producer = model.begin()
-        assert await model.commit_offsets(producer, 3, None) == b.NONE
+        assert await model.commit_offsets(producer, 3, None) == codes.NONE
         model.broker.inject("lost-commit", "end-txn-lost", TXN)
-        assert await model.end(producer, commit=True) == b.NONE
+        assert await model.end(producer, commit=True) == codes.NONE
         assert model.broker.lose_reply
         assert await model.stable() == ({TP: 3}, [])
-        assert model.broker.end_txn(TXN, *producer, True) == b.INVALID_PRODUCER_EPOCH
+        assert model.broker.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
         assert model.broker.injected == []
 
     Model().run(scenario)

@@ -17,8 +17,7 @@ from pipeline.kafka.partitioner import owner_partition
 from pipeline.ops.rescale import RescaleError, rescale
 from pipeline.state.decision import Entry
 from pipeline.topology import Topology, parse
-from tests.simulation import broker as b
-from tests.simulation import wire
+from tests.simulation import codes, logs, wire
 from tests.simulation.records import ABORT, decode_produced, plain_batch
 from tests.simulation.test_broker_rules import GROUP, Model
 
@@ -50,8 +49,8 @@ def _model(topology: Topology, keys: int) -> Model:
     model = Model()
     model.loop.max_time = 10_000.0
     for spec in topic_specs(topology):
-        limit = SMALL if spec.name == topology.topics.changelog else b.TopicConfig.max_message_bytes
-        model.broker.create_topic(spec.name, spec.partitions, b.TopicConfig(max_message_bytes=limit))
+        limit = SMALL if spec.name == topology.topics.changelog else logs.TopicConfig.max_message_bytes
+        model.broker.create_topic(spec.name, spec.partitions, logs.TopicConfig(max_message_bytes=limit))
     for i in range(keys):
         key = f"stripe:evt_{i}".encode()
         _write_entry(
@@ -67,7 +66,7 @@ def _write_entry(model: Model, topology: Topology, key: bytes, *, offset: int, p
     log = model.broker.log(topology.topics.changelog, partition)
     assert log is not None
     error, _ = log.append(produced, model.broker.topics[topology.topics.changelog].config, now)
-    assert error == b.NONE
+    assert error == codes.NONE
 
 
 async def _rescale(
@@ -242,7 +241,7 @@ def test_a_transaction_left_open_on_a_changelog_makes_the_rescale_wait_then_fail
     [pending] = decode_produced(bytes(builder.build()))
     log = model.broker.log(topology.topics.changelog, 0)
     assert log is not None
-    assert log.append(pending, model.broker.topics[topology.topics.changelog].config, now)[0] == b.NONE
+    assert log.append(pending, model.broker.topics[topology.topics.changelog].config, now)[0] == codes.NONE
 
     async def scenario(model: Model) -> None:
         loop = asyncio.get_running_loop()

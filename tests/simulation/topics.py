@@ -11,7 +11,7 @@ from __future__ import annotations
 from pipeline.kafka.admin import redrive_history_spec, topic_specs
 from pipeline.topology_model import Topology
 from tests.simulation import broker as b
-from tests.simulation import redrive
+from tests.simulation import logs, redrive
 from tests.simulation.scenario import CHANGELOG_LIMIT, Scenario
 
 CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole segments to delete
@@ -20,7 +20,7 @@ CHANGELOG_SEGMENT_BYTES = 2048  # small segments, so that retention has whole se
 def create_topics(broker: b.Broker, scenario: Scenario, topology: Topology) -> None:
     """Every topic of ``topology`` in ``broker``, configured as ``scenario`` draws them."""
     for spec in topic_specs(topology):
-        config = b.TopicConfig()
+        config = logs.TopicConfig()
         if scenario.flavor == "4.x":
             config.timestamp_after_max_ms = 3_600_000  # Kafka 4's default
         raw = spec.configs
@@ -37,7 +37,7 @@ def create_topics(broker: b.Broker, scenario: Scenario, topology: Topology) -> N
             config.retention_ms = int(raw["retention.ms"])
             config.segment_bytes = CHANGELOG_SEGMENT_BYTES
             if scenario.time is not None and scenario.time.log_append_time:
-                config.timestamp_type = b.LOG_APPEND_TIME
+                config.timestamp_type = logs.LOG_APPEND_TIME
         if scenario.small_changelogs and "retention.ms" in raw:
             config.max_message_bytes = CHANGELOG_LIMIT
         if (
@@ -49,4 +49,4 @@ def create_topics(broker: b.Broker, scenario: Scenario, topology: Topology) -> N
         broker.create_topic(spec.name, spec.partitions, config)
     if any(f.kind == redrive.CONSOLE for f in scenario.faults):  # the console's history (it never creates it
         history = redrive_history_spec(topology)  # here: the model answers no CreateTopics)
-        broker.create_topic(history.name, 1, b.TopicConfig(cleanup_policy="compact"))
+        broker.create_topic(history.name, 1, logs.TopicConfig(cleanup_policy="compact"))

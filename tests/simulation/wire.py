@@ -28,6 +28,7 @@ from aiokafka.protocol import commit, coordination, fetch, group, metadata, offs
 
 from pipeline.kafka.clients import STANDBY_CLIENT_ID
 from tests.simulation import broker as b
+from tests.simulation import codes
 from tests.simulation.loop import CURRENT
 from tests.simulation.records import decode_produced
 
@@ -117,7 +118,7 @@ class Network:
 
     def recover(self) -> None:
         self.broker.down = False
-        self.broker.restarted()
+        self.broker.coordinator.restarted()
 
 
 class SimConnection:
@@ -274,7 +275,7 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
     if key == group.JoinGroupRequest.API_KEY:
         return await _join(broker, req, client_id, process)
     if key == group.SyncGroupRequest.API_KEY:
-        result = await broker.sync(
+        result = await broker.coordinator.sync(
             req.group,
             req.generation_id,
             req.member_id,
@@ -284,9 +285,11 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
         return req.RESPONSE_TYPE(0, result["error"], result.get("assignment", b""))
     if key == group.HeartbeatRequest.API_KEY:
         instance = getattr(req, "group_instance_id", None)  # aiokafka's Heartbeat (v1) carries none
-        return req.RESPONSE_TYPE(0, broker.heartbeat(req.group, req.generation_id, req.member_id, instance))
+        return req.RESPONSE_TYPE(
+            0, broker.coordinator.heartbeat(req.group, req.generation_id, req.member_id, instance)
+        )
     if key == group.LeaveGroupRequest.API_KEY:
-        return req.RESPONSE_TYPE(0, broker.leave(req.group, req.member_id))
+        return req.RESPONSE_TYPE(0, broker.coordinator.leave(req.group, req.member_id))
     if key == transaction.InitProducerIdRequest.API_KEY:
         error, pid, epoch = broker.init_producer_id(req.transactional_id, req.transaction_timeout_ms, process)
         return req.RESPONSE_TYPE(0, error, pid, epoch)
@@ -326,16 +329,16 @@ def _watch_fences(broker: b.Broker, req: Any, response: Any, process: Any) -> No
     txn_id = getattr(req, "transactional_id", None)
     if txn_id is None:
         return
-    codes = []
+    errors = []
     if key == produce.ProduceRequest.API_KEY:
-        codes = [answer[1] for _topic, answers in response.topics for answer in answers]
+        errors = [answer[1] for _topic, answers in response.topics for answer in answers]
     elif key == transaction.TxnOffsetCommitRequest.API_KEY and req.API_VERSION >= 3:
-        codes = [answer[1] for _topic, answers, _tags in response.topics for answer in answers]
+        errors = [answer[1] for _topic, answers, _tags in response.topics for answer in answers]
     elif key in (transaction.AddPartitionsToTxnRequest.API_KEY, transaction.TxnOffsetCommitRequest.API_KEY):
-        codes = [error for _topic, errors in response.errors for _p, error in errors]
+        errors = [error for _topic, topic_errors in response.errors for _p, error in topic_errors]
     elif hasattr(response, "error_code"):
-        codes = [response.error_code]
-    if b.INVALID_PRODUCER_EPOCH in codes:
+        errors = [response.error_code]
+    if codes.INVALID_PRODUCER_EPOCH in errors:
         broker.told_fenced(process, txn_id)
 
 
@@ -370,11 +373,20 @@ async def _fetch(broker: b.Broker, req: Any) -> Any:
             for partition, _leader_epoch, position, _log_start, max_bytes in partitions:
                 log = broker.log(topic, partition)
                 if log is None:
-                    answers.append((partition, b.UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1, None, -1, b""))
+                    answers.append((partition, codes.UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1, None, -1, b""))
                     continue
                 if position > log.end or position < log.log_start:
                     answers.append(
-                        (partition, b.OFFSET_OUT_OF_RANGE, log.end, log.lso(), log.log_start, None, -1, b"")
+                        (
+                            partition,
+                            codes.OFFSET_OUT_OF_RANGE,
+                            log.end,
+                            log.lso(),
+                            log.log_start,
+                            None,
+                            -1,
+                            b"",
+                        )
                     )
                     found = True
                     continue
@@ -384,7 +396,7 @@ async def _fetch(broker: b.Broker, req: Any) -> Any:
                 answers.append(
                     (
                         partition,
-                        b.NONE,
+                        codes.NONE,
                         log.end,
                         log.lso(),
                         log.log_start,
@@ -412,11 +424,11 @@ def _list_offsets(broker: b.Broker, req: Any) -> Any:
         for partition, timestamp in partitions:
             log = broker.log(topic, partition)
             if log is None:
-                answers.append((partition, b.UNKNOWN_TOPIC_OR_PARTITION, -1, -1))
+                answers.append((partition, codes.UNKNOWN_TOPIC_OR_PARTITION, -1, -1))
                 continue
             latest = log.lso() if req.isolation_level == 1 else log.end
             found = log.log_start if timestamp == -2 else latest
-            answers.append((partition, b.NONE, -1, found))
+            answers.append((partition, codes.NONE, -1, found))
         topics.append((topic, answers))
     return req.RESPONSE_TYPE(0, topics)
 
@@ -427,7 +439,7 @@ def _metadata(broker: b.Broker, req: Any) -> Any:
     for name in names:
         topic = broker.topics.get(name)
         if topic is None:
-            topics.append((b.UNKNOWN_TOPIC_OR_PARTITION, name, False, []))
+            topics.append((codes.UNKNOWN_TOPIC_OR_PARTITION, name, False, []))
             continue
         partitions: list[PartitionMetadata] = [
             (0, p, NODE, [NODE], [NODE], []) for p in range(len(topic.partitions))
@@ -442,7 +454,7 @@ def _metadata_v12(broker: b.Broker, req: Any) -> Any:
     for name in names:
         topic = broker.topics.get(name)
         if topic is None:
-            topics.append((b.UNKNOWN_TOPIC_OR_PARTITION, name, uuid.UUID(int=0), False, [], 0, {}))
+            topics.append((codes.UNKNOWN_TOPIC_OR_PARTITION, name, uuid.UUID(int=0), False, [], 0, {}))
             continue
         partitions: list[PartitionMetadataV12] = [
             (0, p, NODE, 0, [NODE], [NODE], [], {}) for p in range(len(topic.partitions))
@@ -474,13 +486,13 @@ def _offset_fetch(broker: b.Broker, req: Any) -> Any:
     """v1-v3 (aiokafka's); v7 (pipeline.kafka.requests) flexible, with require_stable."""
     if req.API_VERSION < 7:
         tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
-        found = broker.offset_fetch(req.consumer_group, tps)
+        found = broker.coordinator.offset_fetch(req.consumer_group, tps)
         topics: dict[str, list[tuple[int, int, str, int]]] = {}
         for (topic, partition), (position, error) in found.items():
             topics.setdefault(topic, []).append((partition, position, "", error))
         return req.RESPONSE_TYPE(0, list(topics.items()), 0)
     tps = [(topic, p) for topic, partitions, _tags in req.topics for p in partitions]
-    found = broker.offset_fetch(req.group_id, tps, require_stable=req.require_stable)
+    found = broker.coordinator.offset_fetch(req.group_id, tps, require_stable=req.require_stable)
     flexible: dict[str, list[tuple[int, int, int, str, int, dict[int, bytes]]]] = {}
     for (topic, partition), (position, error) in found.items():
         flexible.setdefault(topic, []).append((partition, position, -1, "", error, {}))
@@ -488,7 +500,7 @@ def _offset_fetch(broker: b.Broker, req: Any) -> Any:
 
 
 async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any:
-    result = await broker.join(
+    result = await broker.coordinator.join(
         req.group,
         req.member_id,
         client_id,
@@ -510,7 +522,7 @@ async def _join(broker: b.Broker, req: Any, client_id: str, process: Any) -> Any
 def _describe_groups(broker: b.Broker, req: Any) -> Any:
     groups: list[tuple[Any, ...]] = []
     for group_id in req.groups:
-        state, protocol_type, protocol, members = broker.describe_group(group_id)
+        state, protocol_type, protocol, members = broker.coordinator.describe_group(group_id)
         rows = [(m.member_id, m.client_id, "/sim", b"", m.assignment) for m in members]
         groups.append((0, group_id, state, protocol_type, protocol, rows, -2147483648))
     if req.API_VERSION < 3:
@@ -526,7 +538,7 @@ def _describe_configs(broker: b.Broker, req: Any) -> Any:
         topic = broker.topics.get(name)
         if topic is None:
             resources.append(
-                (b.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name} does not exist", resource_type, name, [])
+                (codes.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name} does not exist", resource_type, name, [])
             )
             continue
         entries: list[ConfigEntry] = [(k, v, False, 1, False, []) for k, v in topic.config.as_dict().items()]
