@@ -128,6 +128,11 @@ WORKER_OPTIONS: tuple[Option, ...] = (
     _worker(
         "stuck_after", "seconds without progress after which /healthz and /readyz report a partition stuck"
     ),
+    _worker(
+        "topic_check_interval",
+        "seconds between two checks, while the worker runs, of the topic configs it refuses to start on "
+        "(a changelog's retention lowered under it): /healthz warns and pipeline_topic_config_refused is 1",
+    ),
 )
 """Every :class:`WorkerSettings` field's flag and variable (``pipeline worker``)."""
 

@@ -9,7 +9,7 @@ partition exits by itself (``--open-timeout``), so liveness needs no clock of it
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
@@ -35,6 +35,7 @@ def partition_health(
     failed: bool,
     stopping: bool = False,
     standbys: Mapping[str, Mapping[str, object]] | None = None,
+    warnings: Sequence[str] = (),
 ) -> Health:
     """Ready while every assigned partition is READY, none is stuck, and the worker neither failed
     nor stops; alive unless it failed or a partition is stuck.
@@ -42,7 +43,8 @@ def partition_health(
     ``detail`` has ``status`` (``ok``, ``not ready`` or ``unhealthy``), each assigned partition's
     state, the ``problems`` if any, and the standbys this worker keeps (``standby``: state,
     position, lag in records and seconds); a standby never makes a worker unready or unhealthy:
-    a copy behind is slower failover, not a partition unserved."""
+    a copy behind is slower failover, not a partition unserved. Nor do the ``warnings`` (a topic config
+    the worker would refuse to start on, changed under it: pipeline/worker/topic_watch.py)."""
     now = time.monotonic()
     states = {}
     problems = []
@@ -67,6 +69,8 @@ def partition_health(
     detail: dict[str, Any] = {"status": status, "partitions": states}
     if problems:
         detail["problems"] = problems
+    if warnings:
+        detail["warnings"] = list(warnings)
     if standbys:
         detail["standby"] = {name: dict(info) for name, info in standbys.items()}
     return Health(ready, detail, live)

@@ -13,6 +13,7 @@ it does not serve. A clean stop commits what is open; a stop after an exception 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TypeVar
 
@@ -46,6 +47,7 @@ from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
 from pipeline.worker.task import ActiveTask
 from pipeline.worker.tasks import TaskTable
+from pipeline.worker.topic_watch import TopicWatch
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class Worker:
         self._http: web.AppRunner | None = None
         # each output topic's largest record, read again after a refusal for size (pipeline/worker/limits.py)
         self._limits: TopicLimits | None = None
+        self._topic_watch: TopicWatch | None = None  # the configs it refuses to start on, read again
 
     # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -118,8 +121,10 @@ class Worker:
         settings, io = self.settings, self.io
         layout = await io.layout(settings.bootstrap, self.topology)
         partitioner = KeyPartitioner()
-        limits = self._limits = TopicLimits(
-            layout.limits, lambda: io.layout(settings.bootstrap, self.topology)
+        read_layout = functools.partial(io.layout, settings.bootstrap, self.topology)
+        limits = self._limits = TopicLimits(layout.limits, read_layout)
+        self._topic_watch = TopicWatch(
+            read_layout, self.metrics.topic_config_refused, interval=settings.topic_check_interval
         )
         outputs = OutputTopics(layout.counts, partitioner, limits.by_topic, layout.timestamps)
         restorer = self._restorer = Restorer(
@@ -178,6 +183,7 @@ class Worker:
         consumer.subscribe([source for source, _ in self._stages()], listener=_Rebalance(self))
         if settings.metrics_port is not None:
             await self._serve_http(settings.metrics_port, layout.counts)
+        self._topic_watch.start()
         log.info(
             "worker started: group %s, input %s (%s partitions), transactional id %s",
             settings.group,
@@ -272,6 +278,7 @@ class Worker:
             failed=table.failure is not None,
             stopping=self._stopping.is_set(),
             standbys=table.standbys.describe(),
+            warnings=self._topic_watch.warnings() if self._topic_watch is not None else (),
         )
 
     async def run(self) -> None:
@@ -375,6 +382,8 @@ class Worker:
         if self._restorer is not None:
             await self._restorer.close()
         await self._metadata.close()
+        if self._topic_watch is not None:
+            await self._topic_watch.close()
         if self._consumer is not None:
             await internals.stop_consumer(self._consumer)
             self._consumer = None

@@ -114,6 +114,7 @@ class WorkerMetrics:
     standby_lag_records: Gauge
     standby_lag_seconds: Gauge
     standby_records: Counter
+    topic_config_refused: Gauge
     children: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict)
 
     @classmethod
@@ -224,6 +225,11 @@ class WorkerMetrics:
             standby_records=Counter(
                 "pipeline_standby_records_total",
                 "Changelog records replayed into standby replicas",
+                registry=registry,
+            ),
+            topic_config_refused=Gauge(
+                "pipeline_topic_config_refused",
+                "1 while a topic's config is one a worker refuses to start on (a changelog's retention lowered)",
                 registry=registry,
             ),
         )

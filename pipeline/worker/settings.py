@@ -76,6 +76,9 @@ class WorkerSettings:
     stuck_after: float = (
         60.0  # seconds without progress after which /healthz and /readyz report a partition stuck
     )
+    # seconds between two readings of the topics' configs while the worker runs: one it refuses to start
+    # on (a changelog's retention lowered under it) is reported (pipeline/worker/topic_watch.py)
+    topic_check_interval: float = 300.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -148,7 +151,13 @@ class WorkerSettings:
                 f"transaction timeout ({self.transaction_timeout:g}s) must be longer than the commit interval"
                 f" ({self.commit_interval:g}s)"
             )
-        for name in ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every"):
+        for name in (
+            "store_lock_wait",
+            "open_timeout",
+            "stuck_after",
+            "restore_progress_every",
+            "topic_check_interval",
+        ):
             value = getattr(self, name)
             if not 0 < value <= 86_400:
                 problems.append(f"{name.replace('_', ' ')} must be in (0, 86400] seconds, got {value}")

@@ -123,3 +123,15 @@ def test_a_standby_is_listed_without_touching_status() -> None:
 def test_a_stopped_worker_is_neither_ready_nor_alive() -> None:
     """STOPPED, what a worker answers once its loop ended, says "stopped" and fails both probes."""
     assert Health(False, {"status": "stopped"}, False) == STOPPED
+
+
+def test_warnings_are_shown_and_leave_a_ready_worker_ready() -> None:
+    """A warning (a topic config the worker would refuse to start on, changed under it) is in the detail, and
+    the worker stays ready and alive: it serves every partition."""
+    tasks = _tasks(p0=FakeTask(PartitionState.READY))
+    health = partition_health(tasks, tasks, failed=False, warnings=["changelog c has retention.ms=1"])
+    assert health == Health(
+        True,
+        {"status": "ok", "partitions": {"raw-0": "ready"}, "warnings": ["changelog c has retention.ms=1"]},
+        True,
+    )

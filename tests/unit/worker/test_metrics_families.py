@@ -55,6 +55,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("topic", "partition"),
     ),
     "pipeline_standby_records": ("counter", "Changelog records replayed into standby replicas", ()),
+    "pipeline_topic_config_refused": (
+        "gauge",
+        "1 while a topic's config is one a worker refuses to start on (a changelog's retention lowered)",
+        (),
+    ),
 }
 
 #: The attribute of :class:`WorkerMetrics` behind each family.
@@ -78,6 +83,7 @@ ATTRIBUTES = {
     "pipeline_standby_lag_records": "standby_lag_records",
     "pipeline_standby_lag_seconds": "standby_lag_seconds",
     "pipeline_standby_records": "standby_records",
+    "pipeline_topic_config_refused": "topic_config_refused",
 }
 
 BUCKETS: dict[str, list[float]] = {

@@ -20,7 +20,7 @@ BYTES = (
     "restore_budget_bytes",
     "queue_bytes",
 )
-SECONDS = ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every")
+SECONDS = ("store_lock_wait", "open_timeout", "stuck_after", "restore_progress_every", "topic_check_interval")
 
 
 def _settings(**changes: Any) -> WorkerSettings:
