@@ -85,8 +85,11 @@ class Injector:
             return
         if kind == "fence":
             txn_id = self._txn_of_partition(fault.target)
-            if txn_id is not None and txn_id in self.world.broker.txns:
-                while self.world.broker.init_producer_id(txn_id, 60_000)[0] == codes.CONCURRENT_TRANSACTIONS:
+            if txn_id is not None and txn_id in self.world.broker.transactions.txns:
+                while (
+                    self.world.broker.transactions.init_producer_id(txn_id, 60_000)[0]
+                    == codes.CONCURRENT_TRANSACTIONS
+                ):
                     await asyncio.sleep(0.05)
             return
         if kind == fault_module.STORM:

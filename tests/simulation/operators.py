@@ -321,7 +321,9 @@ class Operators:
             for name in world.consumed_topics()
             if name in world.broker.topics
             for log in world.broker.topics[name].partitions
-        ) or any(t.state in ("prepare_commit", "prepare_abort") for t in world.broker.txns.values()):
+        ) or any(
+            t.state in ("prepare_commit", "prepare_abort") for t in world.broker.transactions.txns.values()
+        ):
             await asyncio.sleep(0.5)
 
     # -- time, and configurations --------------------------------------------------------------

@@ -84,9 +84,9 @@ class Model:
 
     def begin(self, timeout_ms: int = 60_000) -> tuple[int, int]:
         """A transaction of TXN holding the group's offsets (InitProducerId, AddOffsetsToTxn): (producer id, epoch)."""
-        error, pid, epoch = self.broker.init_producer_id(TXN, timeout_ms)
+        error, pid, epoch = self.broker.transactions.init_producer_id(TXN, timeout_ms)
         assert error == codes.NONE
-        assert self.broker.add_offsets(TXN, pid, epoch, GROUP) == codes.NONE
+        assert self.broker.transactions.add_offsets(TXN, pid, epoch, GROUP) == codes.NONE
         return pid, epoch
 
     async def commit_offsets(
@@ -116,7 +116,7 @@ class Model:
 
     async def end(self, producer: tuple[int, int], *, commit: bool) -> int:
         """EndTxn, and a moment for the markers to be written."""
-        error = self.broker.end_txn(TXN, *producer, commit)
+        error = self.broker.transactions.end_txn(TXN, *producer, commit)
         await asyncio.sleep(0.1)
         return error
 
@@ -216,8 +216,8 @@ def test_the_markers_not_yet_written_still_hold_the_offsets() -> None:
     async def scenario(model: Model) -> None:
         producer = model.begin()
         await model.commit_offsets(producer, 3, None)
-        model.broker.marker_delay = (0.5, 0.5)
-        assert model.broker.end_txn(TXN, *producer, True) == codes.NONE
+        model.broker.transactions.marker_delay = (0.5, 0.5)
+        assert model.broker.transactions.end_txn(TXN, *producer, True) == codes.NONE
         assert await model.stable() == ({}, [TP])
         await asyncio.sleep(0.6)
         assert await model.stable() == ({TP: 3}, [])
@@ -236,7 +236,7 @@ def test_the_coordinator_aborts_a_transaction_that_outlived_its_timeout() -> Non
         assert await model.stable() == ({}, [TP])  # past its timeout, not yet found by the scan
         await asyncio.sleep(6)
         assert await model.stable() == ({TP: None}, [])
-        assert model.broker.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
+        assert model.broker.transactions.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
         assert any("timed out, aborted" in line for line in model.trace)
 
     Model().run(scenario)
@@ -356,7 +356,7 @@ def test_a_lost_commit_takes_the_commit_loses_its_reply_and_fences_the_id_before
         assert await model.end(producer, commit=True) == codes.NONE
         assert model.broker.lose_reply
         assert await model.stable() == ({TP: 3}, [])
-        assert model.broker.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
+        assert model.broker.transactions.end_txn(TXN, *producer, True) == codes.INVALID_PRODUCER_EPOCH
         assert model.broker.injected == []
 
     Model().run(scenario)

@@ -291,17 +291,23 @@ async def handle(broker: b.Broker, req: Any, client_id: str, process: Any = None
     if key == group.LeaveGroupRequest.API_KEY:
         return req.RESPONSE_TYPE(0, broker.coordinator.leave(req.group, req.member_id))
     if key == transaction.InitProducerIdRequest.API_KEY:
-        error, pid, epoch = broker.init_producer_id(req.transactional_id, req.transaction_timeout_ms, process)
+        error, pid, epoch = broker.transactions.init_producer_id(
+            req.transactional_id, req.transaction_timeout_ms, process
+        )
         return req.RESPONSE_TYPE(0, error, pid, epoch)
     if key == transaction.AddPartitionsToTxnRequest.API_KEY:
         tps = [(topic, p) for topic, partitions in req.topics for p in partitions]
-        added = broker.add_partitions(req.transactional_id, req.producer_id, req.producer_epoch, tps)
+        added = broker.transactions.add_partitions(
+            req.transactional_id, req.producer_id, req.producer_epoch, tps
+        )
         return req.RESPONSE_TYPE(0, _by_topic(added))
     if key == transaction.AddOffsetsToTxnRequest.API_KEY:
-        error = broker.add_offsets(req.transactional_id, req.producer_id, req.producer_epoch, req.group_id)
+        error = broker.transactions.add_offsets(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.group_id
+        )
         return req.RESPONSE_TYPE(0, error)
     if key == transaction.EndTxnRequest.API_KEY:
-        error = broker.end_txn(
+        error = broker.transactions.end_txn(
             req.transactional_id, req.producer_id, req.producer_epoch, bool(req.transaction_result)
         )
         return req.RESPONSE_TYPE(0, error)
@@ -324,7 +330,7 @@ def _watch_fences(broker: b.Broker, req: Any, response: Any, process: Any) -> No
     """Tell the broker model which process learned it is fenced, and which got an assignment."""
     key = req.API_KEY
     if key == group.SyncGroupRequest.API_KEY and response.error_code == 0:
-        broker.assigned(process)
+        broker.transactions.assigned(process)
         return
     txn_id = getattr(req, "transactional_id", None)
     if txn_id is None:
@@ -339,7 +345,7 @@ def _watch_fences(broker: b.Broker, req: Any, response: Any, process: Any) -> No
     elif hasattr(response, "error_code"):
         errors = [response.error_code]
     if codes.INVALID_PRODUCER_EPOCH in errors:
-        broker.told_fenced(process, txn_id)
+        broker.transactions.told_fenced(process, txn_id)
 
 
 def _by_topic(result: dict[tuple[str, int], int]) -> list[tuple[str, list[tuple[int, int]]]]:
@@ -467,7 +473,7 @@ def _txn_offset_commit(broker: b.Broker, req: Any) -> Any:
     """v0 (aiokafka's): no member; v3 (pipeline.kafka.requests): the generation, member id and instance id."""
     if req.API_VERSION < 3:
         offsets = {(topic, p): off for topic, partitions in req.topics for p, off, _meta in partitions}
-        error = broker.txn_offset_commit(
+        error = broker.transactions.txn_offset_commit(
             req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets
         )
         return req.RESPONSE_TYPE(0, _by_topic(dict.fromkeys(offsets, error)))
@@ -475,7 +481,7 @@ def _txn_offset_commit(broker: b.Broker, req: Any) -> Any:
         (topic, p): off for topic, partitions, _ in req.topics for p, off, _epoch, _meta, _ in partitions
     }
     member = (req.generation_id, req.member_id, req.group_instance_id)
-    error = broker.txn_offset_commit(
+    error = broker.transactions.txn_offset_commit(
         req.transactional_id, req.group_id, req.producer_id, req.producer_epoch, offsets, member
     )
     answers = _by_topic(dict.fromkeys(offsets, error))

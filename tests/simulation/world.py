@@ -291,7 +291,7 @@ class World:
         verdict = oracle.check(self.broker, self.oracle_facts())
         self.counts = {**verdict.counts, "claims": self.claims.claims, "stale": self.stale.stale}
         self.problems.extend(verdict.problems)
-        self.problems.extend(self.broker.owner_violations[:5])
+        self.problems.extend(self.broker.transactions.owner_violations[:5])
         self.problems.extend(self.network.errors[:5])
         for topic in self.broker.topics.values():
             if topic.size_refusals and not topic.reconfigured:
@@ -407,7 +407,7 @@ class World:
         abort (the markers land a moment later), or left one open for the coordinator to abort at its timeout
         (seed 494 of the default mix). The check then reads what a read_committed consumer finally sees."""
         deadline = self.loop.time() + TXNS_END_LIMIT_S
-        while any(t.state in OPEN_TXN_STATES for t in self.broker.txns.values()):
+        while any(t.state in OPEN_TXN_STATES for t in self.broker.transactions.txns.values()):
             if self.loop.time() > deadline:
                 self.problems.append(
                     f"transactions not ended {TXNS_END_LIMIT_S:.0f}s after the workers stopped"
