@@ -24,6 +24,15 @@ class TopicLayout:
     topic_ids: dict[str, str]  # each topic's id: a topic deleted and created again has another
 
 
+class RefusedConfigError(ConfigError):
+    """A topic config the worker refuses to start on (:mod:`pipeline.kafka.topic_checks`), with the layout read
+    beside it: a running worker that reads its topics again still takes their limits from it."""
+
+    def __init__(self, message: str, layout: TopicLayout) -> None:
+        super().__init__(message)
+        self.layout = layout
+
+
 def timestamp_bounds(configs: dict[str, str]) -> tuple[int, int] | None:
     """The (before, after) ms around the broker's clock a topic accepts, or None when it takes any time.
 
@@ -48,8 +57,9 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
     """Every topic the worker reads or writes: its partition count, largest record and timestamp
     bounds, with the cluster id and the topic ids, over one admin connection.
 
-    Raises :class:`ConfigError` when a topic is missing, a changelog's
-    partition count differs from its source topic's, or the audit or DLQ topic is compacted.
+    Raises :class:`ConfigError` when a topic is missing or a changelog's partition count differs from
+    its source topic's, and :class:`RefusedConfigError` (with the layout) for a config the worker refuses
+    to start on (a changelog deleted sooner than its claims live or by size, a compacted audit or DLQ topic).
     """
     topics = topology.topics
     names = [topics.input, topics.audit, topics.dlq, topics.changelog, *topology.command_topics()]
@@ -74,9 +84,6 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
                 )
         configs = await read_configs(admin, names)
         ids = await cluster_ids(admin, names)
-    refusal = refused_configs(topology, configs)
-    if refusal is not None:
-        raise refusal
     limits = {}
     bounds = {}
     for name in names:
@@ -86,4 +93,8 @@ async def topic_layout(bootstrap: str, topology: Topology, *, timeout: float = 1
         found = timestamp_bounds(configs.get(name, {}))
         if found is not None:
             bounds[name] = found
-    return TopicLayout(counts, limits, bounds, ids.cluster, ids.topics)
+    layout = TopicLayout(counts, limits, bounds, ids.cluster, ids.topics)
+    refusal = refused_configs(topology, configs)
+    if refusal is not None:
+        raise RefusedConfigError(str(refusal), layout)
+    return layout

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import PipelineError
-from pipeline.kafka.topic_layout import TopicLayout
+from pipeline.kafka.topic_layout import RefusedConfigError, TopicLayout
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ class TopicLimits:
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
                 layout = await self._layout()
+        except RefusedConfigError as exc:  # a changelog's retention lowered: the topic watch reports it
+            layout = exc.layout
         except (PipelineError, KafkaError, TimeoutError) as exc:
             log.warning("cannot read the topics' limits again (%s); keeping those read before", exc)
             return

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipeline.kafka.topic_layout import TopicLayout
+from pipeline.kafka.topic_layout import RefusedConfigError, TopicLayout
 from pipeline.worker import limits as limits_module
 from pipeline.worker.limits import TopicLimits
 
@@ -48,3 +48,22 @@ async def test_a_broker_that_never_answers_keeps_the_limits_read_before(
     limits = TopicLimits(first, hanging)
     await asyncio.wait_for(limits.reread(), 5)
     assert limits.by_topic == dict(first)
+
+
+async def test_a_limit_lowered_while_a_changelogs_retention_is_refused_is_still_taken(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The changelog's retention lowered too (the topic watch reports that): the layout the refusal carries
+    still gives the DLQ's new limit, with no line saying the limits could not be read."""
+    read = layout({TOPICS.dlq: str(MIB)})
+
+    async def refused() -> TopicLayout:
+        raise RefusedConfigError(f"changelog {TOPICS.changelog} has retention.ms=3600000", read)
+
+    limits = TopicLimits(layout().limits, refused)
+    caplog.set_level(logging.WARNING, logger="pipeline.worker.limits")
+    await limits.reread()
+    assert limits.by_topic[TOPICS.dlq] == MIB
+    assert caplog.messages == [
+        f"topic limits changed under the worker: {TOPICS.dlq} {4 * MIB} -> {MIB} bytes"
+    ]
