@@ -43,6 +43,7 @@ class WorkerView:
     healthy: bool = False
     alive: bool = False  # restoring, say: not serving everything yet, and nothing wrong
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what it serves on but warns of (a topic config)
     states: dict[str, str] = field(default_factory=dict)  # "<topic>-<partition>" -> lifecycle state
     owned: dict[str, list[int]] = field(default_factory=dict)
     gauges: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (metric, topic, partition)
@@ -81,13 +82,19 @@ async def poll_worker(session: aiohttp.ClientSession, url: str) -> WorkerView:
         return view
     view.reachable = True
     if isinstance(health, dict):
-        view.alive = view.healthy or health.get("status") == "not ready"
-        view.states = {str(k): str(v) for k, v in dict(health.get("partitions") or {}).items()}
-        view.problems = [str(p) for p in health.get("problems") or []]
+        _read_health(view, health)
     if isinstance(owned, dict):
         view.owned = {str(t): [int(p) for p in ps] for t, ps in dict(owned.get("partitions") or {}).items()}
     _read_metrics(view, text)
     return view
+
+
+def _read_health(view: WorkerView, health: dict[str, Any]) -> None:
+    """What a ``/readyz`` body says: alive, each partition's state, the problems and the warnings."""
+    view.alive = view.healthy or health.get("status") == "not ready"
+    view.states = {str(k): str(v) for k, v in dict(health.get("partitions") or {}).items()}
+    view.problems = [str(p) for p in health.get("problems") or []]
+    view.warnings = [str(w) for w in health.get("warnings") or []]
 
 
 def _read_metrics(view: WorkerView, text: str) -> None:

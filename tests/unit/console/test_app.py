@@ -17,7 +17,8 @@ from pipeline import topology
 from pipeline.console.app import Pages, build_app
 from pipeline.console.redaction import Redactor
 from pipeline.console.settings import ConsoleSettings
-from pipeline.console.workers import Live
+from pipeline.console.views import make_environment
+from pipeline.console.workers import Live, WorkerView
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGY = ROOT / "topologies" / "default.toml"
@@ -133,3 +134,14 @@ def test_the_console_imports_nothing_of_the_operator_tools() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("pipeline.ops"), f"{path.name} imports {node.module}"
+
+
+def test_a_workers_warning_is_shown_escaped_beside_its_problems() -> None:
+    """A worker's /readyz warning (a topic config it would refuse to start on) is in the workers table, as text:
+    markup in it is escaped, not run."""
+    view = WorkerView(
+        "w:1", sampled=True, reachable=True, healthy=True, alive=True, warnings=["retention <b>lowered</b>"]
+    )
+    html = make_environment().get_template("_live.html").render(views=[view], rows=[], rates={}, every=2.0)
+    assert "warning: retention &lt;b&gt;lowered&lt;/b&gt;" in html
+    assert "<b>lowered</b>" not in html

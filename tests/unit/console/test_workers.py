@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.console.workers import Live, Sample, WorkerView, _read_metrics
+from pipeline.console.workers import Live, Sample, WorkerView, _read_health, _read_metrics
 
 METRICS = """
 # HELP pipeline_events_total Input records by source and outcome
@@ -51,3 +51,25 @@ def test_a_worker_missing_from_one_sample_neither_hides_the_others_nor_spikes_on
     for at, counters in samples:
         live.samples.append(Sample(at, {w: {"accepted": n} for w, n in counters.items()}))
     assert live.rates()["accepted"] == [10.0, 10.0]
+
+
+def test_a_workers_warnings_are_read_beside_its_problems_and_leave_it_healthy() -> None:
+    """A ready worker whose /readyz warns (a changelog's retention lowered under it): healthy, alive, no
+    problem, the warning kept as it said it."""
+    view = WorkerView("w:1", healthy=True)
+    _read_health(
+        view,
+        {
+            "status": "ok",
+            "partitions": {"webhooks.raw-0": "ready"},
+            "warnings": [
+                "changelog c has retention.ms=3600000 (1 h), shorter than the largest TTL plus a day"
+            ],
+        },
+    )
+    assert view.alive
+    assert view.problems == []
+    assert view.states == {"webhooks.raw-0": "ready"}
+    assert view.warnings == [
+        "changelog c has retention.ms=3600000 (1 h), shorter than the largest TTL plus a day"
+    ]
