@@ -600,6 +600,11 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             ("console/dlq_read.py", "IDLE_S = 30.0", "IDLE_S = 5.0"),
         ],
     ),
+    # -- found by the rule it tests: every claim names its key's command (claim_names.py), 2026-12-07
+    50: (
+        "a duplicate's claim forgets the command its key made (what pipeline inspect shows)",
+        [("state/decision.py", "        command=existing.command,\n", "        command=None,\n")],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -62,6 +62,7 @@ from pipeline.headers import (
     REPLAYED_FROM_HEADER,
     REROUTED_FROM_HEADER,
 )
+from tests.simulation import claim_names
 from tests.simulation.blame import SIZE, Blame, Bounds
 from tests.simulation.broker import Broker
 from tests.simulation.logs import NO_LIMIT
@@ -133,6 +134,14 @@ def check(broker: Broker, facts: Facts) -> Verdict:
     _dead_letters(broker, facts, audits, verdict)
     event, effect = _windows(broker, facts, audits, verdict)
     commands = _commands(broker, facts, event, effect, verdict)
+    for problem in claim_names.problems(
+        ((name, record) for name in facts.command_topics for _p, record in _records(broker, name)),
+        (
+            (name, index > 0, (record for _p, record in _records(broker, name)))
+            for index, name in enumerate(facts.changelogs)
+        ),
+    ):
+        verdict.fail(problem)
     for key in sorted(facts.cause_keys):
         if not commands.get(key):
             verdict.fail(f"{key}: no command, though its cause was fixed and the last replay exited 0")

@@ -179,6 +179,14 @@ CASES = [
     # the console's DLQ read takes a silence for the end: a page shows fewer records, a redrive marks the rest gone
     # (5 of redrive seeds 0-59: 4, 26, 39, 45, 57; the console redrives of tests/simulation/console.py)
     (49, "redrive", 4, "console1's page read 0 of the 6 DLQ records it chose, and said nothing"),
+    # a duplicate's claim forgets its key's command: only the key report (pipeline inspect) shows it; the rule
+    # that every claim names its key's command (claim_names.py) came from the expiry kind's ledger run
+    (
+        50,
+        "default",
+        0,
+        "stripe:evt_0_6: its claim at sim-seen-changelog@7 names command None of topic 'sim.orders'",
+    ),
 ]
 
 
