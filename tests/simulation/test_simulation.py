@@ -165,6 +165,10 @@ FOUND: dict[tuple[str, int], str] = {
         "poison",
         14011,
     ): "an older-code leader assigned nothing until its metadata aged, past the step budget (the world's own)",
+    (
+        "redrive",
+        167,
+    ): "a replay SIGKILLed with produce requests on the wire: counted as the dry run's sending (the world's own)",
 }
 SAME_RUN_SEED = 103  # of the time mix: a downtime, a clock jump, record time 6 h behind, a redrive
 

@@ -59,6 +59,7 @@ class TransactionCoordinator:
         self._scan: asyncio.TimerHandle | None = None
         self.owner_violations: list[str] = []
         self.fenced_processes: set[tuple[Any, str]] = set()  # (process, txn id) told it is fenced
+        self.process_of: dict[int, Any] = {}  # an idempotent producer's id -> the process that asked for it
 
     def start(self) -> None:
         """The scan for transactions open past their timeout, every TXN_ABORT_SCAN_S."""
@@ -83,8 +84,10 @@ class TransactionCoordinator:
         self, txn_id: str | None, timeout_ms: int, process: Any = None
     ) -> tuple[int, int, int]:
         """(error, producer id, epoch)."""
-        if txn_id is None:
-            return NONE, next(self._pids), 0
+        if txn_id is None:  # an idempotent producer (a tool's: dlq replay)
+            pid = next(self._pids)
+            self.process_of[pid] = process
+            return NONE, pid, 0
         self._check_owner(txn_id, process)
         txn = self.txns.get(txn_id)
         if txn is None:
