@@ -13,6 +13,7 @@ it does not serve. A clean stop commits what is open; a stop after an exception 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from typing import TypeVar
@@ -376,21 +377,24 @@ class Worker:
         log.info("worker stopped")
 
     async def _release(self) -> None:
-        """Stop what was started, in the reverse order."""
-        if self._executor is not None:
-            await self._executor.txn.producer.stop()
-        if self._restorer is not None:
-            await self._restorer.close()
-        await self._metadata.close()
-        if self._topic_watch is not None:
-            await self._topic_watch.close()
-        if self._consumer is not None:
-            await internals.stop_consumer(self._consumer)
-            self._consumer = None
-        if self._http is not None:
-            await self._http.cleanup()
-            self._http = None
-        self._dir_lock.release()
+        """Stop what was started, in the reverse order. Every step runs though one before it raised (a
+        background task's error comes out of its close): the consumer still leaves the group and the state
+        directory is still unlocked; the first error is raised after the last step."""
+        async with contextlib.AsyncExitStack() as steps:  # runs its callbacks last pushed first
+            steps.callback(self._dir_lock.release)
+            if (http := self._http) is not None:
+                self._http = None
+                steps.push_async_callback(http.cleanup)
+            if (consumer := self._consumer) is not None:
+                self._consumer = None
+                steps.push_async_callback(internals.stop_consumer, consumer)
+            if self._topic_watch is not None:
+                steps.push_async_callback(self._topic_watch.close)
+            steps.push_async_callback(self._metadata.close)
+            if self._restorer is not None:
+                steps.push_async_callback(self._restorer.close)
+            if self._executor is not None:
+                steps.push_async_callback(self._executor.txn.producer.stop)
 
     @staticmethod
     def _require(value: _T | None) -> _T:

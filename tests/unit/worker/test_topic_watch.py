@@ -173,3 +173,35 @@ async def test_a_running_worker_warns_on_its_healthz_when_a_changelogs_retention
     finally:
         worker.stop()
         await asyncio.wait_for(task, 5)
+
+
+async def test_a_watch_that_broke_still_lets_the_worker_leave_the_group_and_free_its_state_dir(
+    tmp_path: Path,
+) -> None:
+    """A reading that raised what nobody expects (a bug) comes out of the stop, after the consumer has left
+    the group and the state directory is unlocked: another worker can take the directory at once."""
+    consumer = FakeConsumer(assign=set())
+    io, _clients = fake_io(consumer=consumer)
+    first = layout()
+    calls: list[int] = []
+
+    async def broken(_bootstrap: str, _topology: Any) -> TopicLayout:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("a bug in the reading")
+        return first
+
+    worker_settings = settings(tmp_path, topic_check_interval=0.01)
+    worker = Worker(worker_settings, TOPOLOGY, io=dataclasses.replace(io, layout=broken))
+    await worker.start()
+    task = asyncio.create_task(worker.run())
+    await eventually(lambda: len(calls) > 1, what="the broken reading")
+    worker.stop()
+    with pytest.raises(RuntimeError, match="a bug in the reading"):
+        await asyncio.wait_for(task, 5)
+    assert consumer.stopped
+    again, _ = fake_io(consumer=FakeConsumer(assign=set()))
+    successor = Worker(worker_settings, TOPOLOGY, io=again)
+    await successor.start()  # raises StateDirInUseError while the first still holds the directory
+    successor.stop()
+    await asyncio.wait_for(successor.run(), 5)
