@@ -1,8 +1,12 @@
-"""The many-seed runner: a pool process that dies does not end the run, nor hide a seed."""
+"""The many-seed runner: a pool process that dies does not end the run, nor hide a seed; a seed leaves
+nothing behind that runs during the next."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +53,47 @@ def test_a_seed_that_always_kills_its_process_is_a_failure_after_the_retries(
     assert ("default", 3) in [seed for seed, _report in failures]
     assert out.count("a pool process died") == POOL_RETRIES
     assert "its process died" in out
+
+
+#: A seed whose run (under PYTHONHASHSEED=0, as every seed runs) leaves a SIGKILLed worker's coroutines behind.
+LEAVES_A_KILLED_WORKER = 8
+
+#: Runs the seed in a directory of the test's, then collects with a handler on: what was logged, whether the
+#: directory is still there.
+_CHILD = """
+import gc, json, logging, sys, tempfile
+from pathlib import Path
+from tests.simulation import world
+sys.unraisablehook = lambda _unraisable: None
+root = Path(sys.argv[1])
+world.tempfile.mkdtemp = lambda **_kw: (root.mkdir(), str(root))[1]
+result = world.run_seed(int(sys.argv[2]), "default")
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logging.getLogger().addHandler(handler)
+logging.getLogger().setLevel(logging.INFO)
+gc.collect()
+print(json.dumps({"ok": result.ok, "killed": any("SIGKILL" in t for t in result.trace), "lines": lines,
+                  "again": root.exists()}))
+"""
+
+
+def test_what_a_run_left_is_finalized_before_it_returns(tmp_path: Path) -> None:
+    """A killed worker's coroutines are finalized before the run returns: collected later, they would log into
+    the next seed's trace, at a moment that depends on the seeds before it; the run's directory is gone."""
+    root = tmp_path / "run"
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(root), str(LEAVES_A_KILLED_WORKER)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=dict(os.environ, PYTHONHASHSEED="0"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    seen = json.loads(child.stdout.splitlines()[-1])
+    assert seen["ok"]
+    assert seen["killed"]
+    assert seen["lines"] == []
+    assert not seen["again"]
