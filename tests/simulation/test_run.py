@@ -55,36 +55,42 @@ def test_a_seed_that_always_kills_its_process_is_a_failure_after_the_retries(
     assert "its process died" in out
 
 
-#: A seed whose run (under PYTHONHASHSEED=0, as every seed runs) leaves a SIGKILLed worker's coroutines behind.
-LEAVES_A_KILLED_WORKER = 8
+#: Seeds (under PYTHONHASHSEED=0, as every seed runs) whose killed workers' coroutines, kept until the run's end,
+#: log when collected (default 8), and, in their ``finally`` blocks, report their exits to the fleet (retention 3).
+LEAVE_KILLED_WORKERS = ("default:8", "retention:3")
 
-#: Runs the seed in a directory of the test's, then collects with a handler on: what was logged, whether the
-#: directory is still there.
+#: Runs each seed in a directory of the test's, then collects with a handler on: the verdict, the problems then
+#: and now, what was logged, whether the directory is still there.
 _CHILD = """
-import gc, json, logging, sys, tempfile
+import gc, json, logging, sys
 from pathlib import Path
 from tests.simulation import world
 sys.unraisablehook = lambda _unraisable: None
-root = Path(sys.argv[1])
-world.tempfile.mkdtemp = lambda **_kw: (root.mkdir(), str(root))[1]
-result = world.run_seed(int(sys.argv[2]), "default")
 lines = []
 handler = logging.Handler()
 handler.emit = lambda record: lines.append(record.getMessage())
-logging.getLogger().addHandler(handler)
-logging.getLogger().setLevel(logging.INFO)
-gc.collect()
-print(json.dumps({"ok": result.ok, "killed": any("SIGKILL" in t for t in result.trace), "lines": lines,
-                  "again": root.exists()}))
+for n, spec in enumerate(sys.argv[2:]):
+    mix, seed = spec.split(":")
+    root = Path(sys.argv[1]) / str(n)
+    world.tempfile.mkdtemp = lambda **_kw: (root.mkdir(), str(root))[1]
+    result = world.run_seed(int(seed), mix)
+    problems = list(result.problems)
+    lines.clear()
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    gc.collect()
+    logging.getLogger().removeHandler(handler)
+    print(json.dumps({"ok": result.ok, "killed": any("SIGKILL" in t for t in result.trace), "lines": lines,
+                      "problems": problems, "later": result.problems, "again": root.exists()}))
 """
 
 
 def test_what_a_run_left_is_finalized_before_it_returns(tmp_path: Path) -> None:
-    """A killed worker's coroutines are finalized before the run returns: collected later, they would log into
-    the next seed's trace, at a moment that depends on the seeds before it; the run's directory is gone."""
-    root = tmp_path / "run"
+    """A killed worker's coroutines are finalized before the run returns: collected later, they logged into
+    the next seed's trace (at a moment that depends on the seeds before it) and added problems to a passed
+    seed's result. The run's directory is gone."""
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(LEAVES_A_KILLED_WORKER)],
+        [sys.executable, "-c", _CHILD, str(tmp_path), *LEAVE_KILLED_WORKERS],
         cwd=Path(__file__).resolve().parents[2],
         env=dict(os.environ, PYTHONHASHSEED="0"),
         capture_output=True,
@@ -92,8 +98,10 @@ def test_what_a_run_left_is_finalized_before_it_returns(tmp_path: Path) -> None:
         timeout=300,
         check=True,
     )
-    seen = json.loads(child.stdout.splitlines()[-1])
-    assert seen["ok"]
-    assert seen["killed"]
-    assert seen["lines"] == []
-    assert not seen["again"]
+    for spec, line in zip(LEAVE_KILLED_WORKERS, child.stdout.splitlines()[-2:], strict=True):
+        seen = json.loads(line)
+        assert seen["ok"], spec
+        assert seen["killed"], spec
+        assert seen["problems"] == seen["later"] == [], spec
+        assert seen["lines"] == [], spec
+        assert not seen["again"], spec

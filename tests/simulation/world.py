@@ -255,7 +255,7 @@ class World:
             seed=self.scenario.seed,
             mix=self.scenario.mix,
             ok=not self.problems,
-            problems=self.problems,
+            problems=list(self.problems),  # what a killed worker left appends nothing here when collected
             trace=list(self.trace),
             scenario=self.scenario.describe(),
             virtual_s=self.loop.time(),
