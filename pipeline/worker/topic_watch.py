@@ -76,6 +76,10 @@ class TopicWatch:
             log.warning(
                 "cannot read the topics' configs again (%s); checking again in %ss", exc, self._interval
             )
+        except Exception:  # any other is a bug: logged whole; a report never stops the worker's serving
+            log.exception(
+                "unexpected error reading the topics' configs; checking again in %ss", self._interval
+            )
         else:
             if self.refused is not None:
                 log.info("the topics' configs are fixed: %s no longer stands", self.refused)

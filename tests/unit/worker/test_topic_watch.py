@@ -175,33 +175,19 @@ async def test_a_running_worker_warns_on_its_healthz_when_a_changelogs_retention
         await asyncio.wait_for(task, 5)
 
 
-async def test_a_watch_that_broke_still_lets_the_worker_leave_the_group_and_free_its_state_dir(
-    tmp_path: Path,
+async def test_a_reading_that_raises_what_nobody_expects_is_logged_whole_and_tried_again(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A reading that raised what nobody expects (a bug) comes out of the stop, after the consumer has left
-    the group and the state directory is unlocked: another worker can take the directory at once."""
-    consumer = FakeConsumer(assign=set())
-    io, _clients = fake_io(consumer=consumer)
-    first = layout()
-    calls: list[int] = []
-
-    async def broken(_bootstrap: str, _topology: Any) -> TopicLayout:
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("a bug in the reading")
-        return first
-
-    worker_settings = settings(tmp_path, topic_check_interval=0.01)
-    worker = Worker(worker_settings, TOPOLOGY, io=dataclasses.replace(io, layout=broken))
-    await worker.start()
-    task = asyncio.create_task(worker.run())
-    await eventually(lambda: len(calls) > 1, what="the broken reading")
-    worker.stop()
-    with pytest.raises(RuntimeError, match="a bug in the reading"):
-        await asyncio.wait_for(task, 5)
-    assert consumer.stopped
-    again, _ = fake_io(consumer=FakeConsumer(assign=set()))
-    successor = Worker(worker_settings, TOPOLOGY, io=again)
-    await successor.start()  # raises StateDirInUseError while the first still holds the directory
-    successor.stop()
-    await asyncio.wait_for(successor.run(), 5)
+    """A bug in a reading is logged with its traceback and leaves what was known; the next interval reads
+    again: the watch reports, it never stops the worker, and it does not go quiet."""
+    readings = Readings(RuntimeError("a bug in the reading"), ConfigError(SHORT))
+    watch, gauge = _watch(readings, interval=0.01)
+    watch.start()
+    try:
+        await eventually(lambda: watch.refused == SHORT, what="the reading after the bug")
+    finally:
+        await watch.close()
+    bug = [r for r in caplog.records if "unexpected error reading the topics' configs" in r.getMessage()]
+    assert len(bug) == 1
+    assert bug[0].exc_info is not None
+    assert _value(gauge) == 1
