@@ -605,6 +605,27 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
         "a duplicate's claim forgets the command its key made (what pipeline inspect shows)",
         [("state/decision.py", "        command=existing.command,\n", "        command=None,\n")],
     ),
+    # -- found by the rule it tests: every claim counts its window's copies (claim_counts.py), 2026-12-07
+    51: (
+        "a duplicate's claim does not count it (what pipeline inspect shows)",
+        [
+            (
+                "state/decision.py",
+                "        duplicates=existing.duplicates + 1,\n",
+                "        duplicates=existing.duplicates,\n",
+            )
+        ],
+    ),
+    52: (
+        "a conflict's claim does not count it as a conflict (what pipeline inspect shows)",
+        [
+            (
+                "state/decision.py",
+                "        conflicts=existing.conflicts + 1 if conflict else existing.conflicts,\n",
+                "        conflicts=existing.conflicts,\n",
+            )
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

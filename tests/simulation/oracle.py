@@ -62,7 +62,7 @@ from pipeline.headers import (
     REPLAYED_FROM_HEADER,
     REROUTED_FROM_HEADER,
 )
-from tests.simulation import claim_names
+from tests.simulation import claim_counts, claim_names
 from tests.simulation.blame import SIZE, Blame, Bounds
 from tests.simulation.broker import Broker
 from tests.simulation.logs import NO_LIMIT
@@ -136,6 +136,17 @@ def check(broker: Broker, facts: Facts) -> Verdict:
     commands = _commands(broker, facts, event, effect, verdict)
     for problem in claim_names.problems(
         ((name, record) for name in facts.command_topics for _p, record in _records(broker, name)),
+        (
+            (name, index > 0, (record for _p, record in _records(broker, name)))
+            for index, name in enumerate(facts.changelogs)
+        ),
+    ):
+        verdict.fail(problem)
+    for problem in claim_counts.problems(
+        (
+            (record.appended, partition, record.offset, orjson.loads(record.value))
+            for partition, record in _records(broker, facts.audit)
+        ),
         (
             (name, index > 0, (record for _p, record in _records(broker, name)))
             for index, name in enumerate(facts.changelogs)

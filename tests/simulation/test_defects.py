@@ -187,6 +187,15 @@ CASES = [
         0,
         "stripe:evt_0_6: its claim at sim-seen-changelog@7 names command None of topic 'sim.orders'",
     ),
+    # a claim that does not count a duplicate, or a conflict: only the key report shows the counts; the rule that
+    # every claim counts its window's copies (claim_counts.py) came from the expiry kind's ledger run
+    (
+        51,
+        "default",
+        0,
+        "stripe:evt_0_0: its claim at sim-seen-changelog@6 (first copy at partition 0 offset 4)",
+    ),
+    (52, "default", 0, "counts 2 duplicates, 0 conflicts; its window's audit records say 2 and 1"),
 ]
 
 
