@@ -379,7 +379,8 @@ class Worker:
     async def _release(self) -> None:
         """Stop what was started, in the reverse order. Every step runs though one before it raised (a
         background task's error comes out of its close): the consumer still leaves the group and the state
-        directory is still unlocked; the first error is raised after the last step."""
+        directory is still unlocked. After the last step the error comes out (the last one raised, with any
+        before it as its context)."""
         async with contextlib.AsyncExitStack() as steps:  # runs its callbacks last pushed first
             steps.callback(self._dir_lock.release)
             if (http := self._http) is not None:
