@@ -74,3 +74,16 @@ def test_what_is_not_a_decision_counts_nothing_and_stages_count_apart() -> None:
     ]
     assert problems(audits, [("log", False, [_claim(0, 10, 0)]), ("effects", True, [_claim(0, 7, 1)])]) == []
     assert len(problems(audits, [("log", False, [_claim(0, 10, 1)])])) == 1
+
+
+def test_a_claim_naming_a_first_copy_that_is_none_of_its_keys_fails() -> None:
+    """A claim whose first copy is not where a committed first copy of its key is: the key report would point
+    the operator at another record."""
+    audits = [_audit(1, "first", 10)]
+    assert problems(audits, [("log", False, [_claim(0, 10, 0)])]) == []
+    assert problems(audits, [("log", False, [_claim(0, 11, 0)])]) == [
+        (
+            "k1: its claim at log@0 names its first copy at partition 0 offset 11, where no committed first copy "
+            "of it is (what pipeline inspect shows)"
+        )
+    ]
