@@ -82,9 +82,8 @@ class Worker:
         io: WorkerIO | None = None,
         classifier: ClassifierFactory = Classifier,
     ) -> None:
-        """``io``: every way out of the process (:func:`~pipeline.worker.io.kafka_io` by default);
-        ``classifier``: what builds the record classifier, :class:`Classifier` (the simulation passes
-        one whose handling raises, to reach the handler-failure path)."""
+        """``io``: every way out of the process (:func:`~pipeline.worker.io.kafka_io` by default); ``classifier``:
+        what builds the record classifier (the simulation's raises, to reach the handler-failure path)."""
         self.settings = settings.for_topology(topology.app)
         self.topology = topology
         self.metrics = metrics or WorkerMetrics.create()
@@ -103,8 +102,7 @@ class Worker:
         self._executor: TaskExecutor | None = None
         self._restorer: Restorer | None = None
         self._http: web.AppRunner | None = None
-        # each output topic's largest record, read again after a refusal for size (pipeline/worker/limits.py)
-        self._limits: TopicLimits | None = None
+        self._limits: TopicLimits | None = None  # each output topic's largest record (worker/limits.py)
         self._topic_watch: TopicWatch | None = None  # the configs it refuses to start on, read again
 
     # -- start -------------------------------------------------------------------------
@@ -377,10 +375,8 @@ class Worker:
         log.info("worker stopped")
 
     async def _release(self) -> None:
-        """Stop what was started, in the reverse order. Every step runs though one before it raised (a
-        background task's error comes out of its close): the consumer still leaves the group and the state
-        directory is still unlocked. After the last step the error comes out (the last one raised, with any
-        before it as its context)."""
+        """Stop what was started, in the reverse order; every step runs though one before it raised (the
+        consumer still leaves the group, the state dir is unlocked), and the last error comes out after."""
         async with contextlib.AsyncExitStack() as steps:  # runs its callbacks last pushed first
             steps.callback(self._dir_lock.release)
             if (http := self._http) is not None:
