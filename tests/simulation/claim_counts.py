@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from pipeline.state.decision import Entry
+from tests.simulation.changelog_entries import Claimed
 
 MAX_PROBLEMS = 5
 COUNTED = ("duplicate", "conflict")
@@ -33,10 +33,10 @@ Window = tuple[bool, str, int, int]  # (of the effect stage, key, its first copy
 
 def problems(
     audits: Iterable[tuple[int, int, int, dict[str, Any]]],
-    changelogs: Iterable[tuple[str, bool, Iterable[Any]]],
+    claims: Iterable[Claimed],
 ) -> list[str]:
-    """``audits``: (appended, partition, offset, value) of each committed audit record; ``changelogs``: (name,
-    keyed by the effect key, its committed records). The windows whose claims count otherwise than their audit
+    """``audits``: (appended, partition, offset, value) of each committed audit record; ``claims``: the
+    changelogs' committed claims. The windows whose claims count otherwise than their audit
     records, or name a first copy where none of the key is, as problems."""
     duplicates: Counter[Window] = Counter()
     conflicts: Counter[Window] = Counter()
@@ -53,14 +53,11 @@ def problems(
             duplicates[window] += 1
             conflicts[window] += outcome == "conflict"
     counted: dict[Window, tuple[int, int, str]] = {}  # the highest (duplicates, conflicts) and where
-    for name, effect_keyed, records in changelogs:
-        for record in records:
-            if record.value is None or record.key is None:
-                continue  # a tombstone: the claim expired
-            entry = Entry.decode(record.value)
-            window = (effect_keyed, record.key.decode(), entry.partition, entry.offset)
-            if window not in counted or (entry.duplicates, entry.conflicts) > counted[window][:2]:
-                counted[window] = (entry.duplicates, entry.conflicts, f"{name}@{record.offset}")
+    for claim in claims:
+        entry = claim.entry
+        window = (claim.effect_keyed, claim.key, entry.partition, entry.offset)
+        if window not in counted or (entry.duplicates, entry.conflicts) > counted[window][:2]:
+            counted[window] = (entry.duplicates, entry.conflicts, claim.where)
     found: list[str] = []
     for window, (dups, conf, where) in sorted(counted.items()):
         if window not in opened:

@@ -18,18 +18,16 @@ from typing import Any
 
 import orjson
 
-from pipeline.state.decision import Entry
+from tests.simulation.changelog_entries import Claimed
 
 MAX_PROBLEMS = 5
 
 Named = tuple[str | None, str | None]  # (command, topic)
 
 
-def problems(
-    commands: Iterable[tuple[str, Any]], changelogs: Iterable[tuple[str, bool, Iterable[Any]]]
-) -> list[str]:
-    """``commands``: (topic, record) of each committed command; ``changelogs``: (name, keyed by the effect
-    key, its committed records). The claims that name no command their key made, as problems."""
+def problems(commands: Iterable[tuple[str, Any]], claims: Iterable[Claimed]) -> list[str]:
+    """``commands``: (topic, record) of each committed command; ``claims``: the changelogs' committed claims.
+    The claims that name no command their key made, as problems."""
     by_event: dict[str, set[Named]] = {}
     by_effect: dict[str, set[Named]] = {}
     for topic, record in commands:
@@ -38,21 +36,16 @@ def problems(
         by_event.setdefault(str(value.get("key")), set()).add(named)
         by_effect.setdefault(str(value.get("effect_key") or value.get("key")), set()).add(named)
     found: list[str] = []
-    for name, effect_keyed, records in changelogs:
-        wanted = by_effect if effect_keyed else by_event
-        for record in records:
-            if record.value is None or record.key is None:
-                continue  # a tombstone: the claim expired
-            key = record.key.decode()
-            made = wanted.get(key)
-            if not made:
-                continue  # no command of this key reached a topic (dead-lettered, refused, a route without one)
-            entry = Entry.decode(record.value)
-            if (entry.command, entry.topic) not in made:
-                found.append(
-                    f"{key}: its claim at {name}@{record.offset} names command {entry.command!r} of topic "
-                    f"{entry.topic!r}, but its commands are {sorted(made, key=str)} (what pipeline inspect shows)"
-                )
-                if len(found) >= MAX_PROBLEMS:
-                    return found
+    for claim in claims:
+        made = (by_effect if claim.effect_keyed else by_event).get(claim.key)
+        if not made:
+            continue  # no command of this key reached a topic (dead-lettered, refused, a route without one)
+        entry = claim.entry
+        if (entry.command, entry.topic) not in made:
+            found.append(
+                f"{claim.key}: its claim at {claim.where} names command {entry.command!r} of topic "
+                f"{entry.topic!r}, but its commands are {sorted(made, key=str)} (what pipeline inspect shows)"
+            )
+            if len(found) >= MAX_PROBLEMS:
+                return found
     return found

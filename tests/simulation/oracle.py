@@ -62,7 +62,7 @@ from pipeline.headers import (
     REPLAYED_FROM_HEADER,
     REROUTED_FROM_HEADER,
 )
-from tests.simulation import claim_counts, claim_names
+from tests.simulation import changelog_entries, claim_counts, claim_names
 from tests.simulation.blame import SIZE, Blame, Bounds
 from tests.simulation.broker import Broker
 from tests.simulation.logs import NO_LIMIT
@@ -112,10 +112,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Audited:
-    """An audit record, when it was appended, and the timestamp it had before the worker restamped it."""
+    """An audit record, when and where it was appended, and the timestamp it had before the worker restamped it."""
 
     value: dict[str, Any]
     appended: int
+    partition: int  # of the audit topic
+    offset: int
     original: int | None = None  # its ``original-timestamp`` header: the worker stamped it with its clock
 
 
@@ -130,27 +132,21 @@ def check(broker: Broker, facts: Facts) -> Verdict:
     verdict = Verdict()
     consumed = [facts.input] + ([facts.effects] if facts.effects else [])
     _offsets(broker, facts, consumed, verdict)
-    audits = _audits(broker, facts, consumed, verdict)
+    every_audit = _audit_records(broker, facts)
+    audits = _audits(broker, facts, consumed, every_audit, verdict)
     _dead_letters(broker, facts, audits, verdict)
     event, effect = _windows(broker, facts, audits, verdict)
     commands = _commands(broker, facts, event, effect, verdict)
+    claims = changelog_entries.decode(
+        (name, index > 0, (record for _p, record in _records(broker, name)))
+        for index, name in enumerate(facts.changelogs)
+    )
     for problem in claim_names.problems(
-        ((name, record) for name in facts.command_topics for _p, record in _records(broker, name)),
-        (
-            (name, index > 0, (record for _p, record in _records(broker, name)))
-            for index, name in enumerate(facts.changelogs)
-        ),
+        ((name, record) for name in facts.command_topics for _p, record in _records(broker, name)), claims
     ):
         verdict.fail(problem)
     for problem in claim_counts.problems(
-        (
-            (record.appended, partition, record.offset, orjson.loads(record.value))
-            for partition, record in _records(broker, facts.audit)
-        ),
-        (
-            (name, index > 0, (record for _p, record in _records(broker, name)))
-            for index, name in enumerate(facts.changelogs)
-        ),
+        ((a.appended, a.partition, a.offset, a.value) for a in every_audit), claims
     ):
         verdict.fail(problem)
     for key in sorted(facts.cause_keys):
@@ -200,19 +196,35 @@ def _offsets(broker: Broker, facts: Facts, consumed: list[str], verdict: Verdict
                 verdict.fail(f"{name}-{log.partition}: committed offset {at}, records up to {log.lso()}")
 
 
+def _audit_records(broker: Broker, facts: Facts) -> list[Audited]:
+    """Every committed audit record, decoded once."""
+    found: list[Audited] = []
+    for partition, record in _records(broker, facts.audit):
+        original = record.header(ORIGINAL_TIMESTAMP_HEADER)
+        found.append(
+            Audited(
+                orjson.loads(record.value),
+                record.appended,
+                partition,
+                record.offset,
+                int(original) if original is not None else None,
+            )
+        )
+    return found
+
+
 def _audits(
-    broker: Broker, facts: Facts, consumed: list[str], verdict: Verdict
+    broker: Broker, facts: Facts, consumed: list[str], every_audit: list[Audited], verdict: Verdict
 ) -> dict[tuple[str, int, int], Audited]:
     """One audit record per consumed record: each one's, by (topic, partition, offset)."""
     found: dict[tuple[str, int, int], Audited] = {}
     seen: Counter[tuple[str, int, int]] = Counter()
-    for _p, record in _records(broker, facts.audit):
-        audit = orjson.loads(record.value)
+    for audited in every_audit:
+        audit = audited.value
         stage = facts.effects if audit.get("stage") == "effect" and facts.effects else facts.input
         where = (stage, audit["partition"], audit["offset"])
         seen[where] += 1
-        original = record.header(ORIGINAL_TIMESTAMP_HEADER)
-        found[where] = Audited(audit, record.appended, int(original) if original is not None else None)
+        found[where] = audited
     for name in consumed:
         for partition, record in _records(broker, name):
             where = (name, partition, record.offset)

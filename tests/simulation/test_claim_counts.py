@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.state.decision import Entry
-from tests.simulation.claim_counts import problems
+from tests.simulation import changelog_entries
+from tests.simulation.claim_counts import problems as _problems
 from tests.simulation.records import Record
+
+
+def problems(audits: Any, changelogs: Any) -> list[str]:
+    """The rule's problems, the changelogs given as (name, keyed by the effect key, records) as the oracle reads them."""
+    return _problems(audits, changelog_entries.decode(changelogs))
 
 
 def _audit(

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from pipeline.state.decision import Entry
-from tests.simulation.claim_names import problems
+from tests.simulation import changelog_entries
+from tests.simulation.claim_names import problems as _problems
 from tests.simulation.records import Record
+
+
+def problems(commands: Any, changelogs: Any) -> list[str]:
+    """The rule's problems, the changelogs given as (name, keyed by the effect key, records) as the oracle reads them."""
+    return _problems(commands, changelog_entries.decode(changelogs))
 
 
 def _command(key: str, command: str, effect_key: str | None = None) -> Record:
