@@ -22,10 +22,9 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from pipeline.errors import BrokerUnavailableError, PipelineError, ProducerFencedError
+from pipeline.errors import BrokerUnavailableError, PipelineError
 from pipeline.kafka import internals
 from pipeline.kafka.partitioner import KeyPartitioner, owner_partition
-from pipeline.kafka.transactional import TransactionalProducer
 from pipeline.state.directory import StateDirLock
 from pipeline.state.restore import RestoreBudget, Restorer
 from pipeline.state.transaction import Transaction
@@ -38,12 +37,13 @@ from pipeline.worker.emitter import OutputTopics
 from pipeline.worker.executor import Outcome, TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.health import STOPPED, Health, partition_health
-from pipeline.worker.identity import FenceCount, instance_taken
+from pipeline.worker.identity import instance_taken
 from pipeline.worker.io import WorkerIO, kafka_io
 from pipeline.worker.limits import TopicLimits
 from pipeline.worker.metadata_refresh import MetadataRefresh
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.pacing import poll_ms
+from pipeline.worker.producer import WorkerProducer
 from pipeline.worker.settings import WorkerSettings
 from pipeline.worker.standbys import StandbyReplicas
 from pipeline.worker.task import ActiveTask
@@ -51,8 +51,6 @@ from pipeline.worker.tasks import TaskTable
 from pipeline.worker.topic_watch import TopicWatch
 
 log = logging.getLogger(__name__)
-
-PRODUCER_RETRY_S = 1.0  # between attempts to start a new producer
 
 _T = TypeVar("_T")
 
@@ -95,8 +93,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._fetch = LoopFetch(max_records=self.settings.fetch_records)
         self._metadata = MetadataRefresh()
-        self._fences = FenceCount(self.transactional_id)
-        self._producer_wanted = False  # a new producer must start before records are handled again
+        self._producer = WorkerProducer(self.settings, self.io, self.transactional_id)
         self._consumer: AIOKafkaConsumer | None = None
         self._table: TaskTable | None = None
         self._executor: TaskExecutor | None = None
@@ -156,7 +153,7 @@ class Worker:
             raise BrokerUnavailableError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
         group = io.group(consumer)
         try:
-            producer = await self._start_producer()
+            producer = await self._producer.start()
         except KafkaError as exc:
             raise BrokerUnavailableError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
         txn = Transaction(
@@ -191,21 +188,6 @@ class Worker:
             self.transactional_id,
         )
 
-    async def _start_producer(self) -> TransactionalProducer:
-        """A started producer with this worker's transactional id (starting it aborts what an earlier one
-        with the id left open, and fences it)."""
-        producer = TransactionalProducer(
-            self.io.producer(self.settings, self.transactional_id),
-            self.transactional_id,
-            send_offsets=self.io.send_offsets,
-        )
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
-        return producer
-
     async def _serve_http(self, port: int, counts: dict[str, int]) -> None:
         table = self._require(self._table)
         app = worker_http.build_app(
@@ -236,7 +218,7 @@ class Worker:
         in it at once, then the revoked tasks close."""
         table = self._require(self._table)
         async with self._lock:
-            if not self._producer_wanted:
+            if not self._producer.wanted:
                 await self._settle(await self._require(self._executor).commit(table.tasks))
             else:
                 await self._settle(await self._require(self._executor).abort())
@@ -305,9 +287,9 @@ class Worker:
             self._require(self._table),
             self._require(self._executor),
         )
-        if self._producer_wanted:  # before a fetch: what a fetch returns is never dropped
+        if self._producer.wanted:  # before a fetch: what a fetch returns is never dropped
             async with self._lock:
-                if not await self._replace_producer():
+                if not await self._producer.replace(executor.txn):
                     return
         wait = poll_ms(executor.eligible(table.tasks), commit_interval=self.settings.commit_interval)
         due_in = executor.due_in(table.tasks)
@@ -338,26 +320,9 @@ class Worker:
         if outcome.reread_limits:
             await self._require(self._limits).reread()
         if outcome.replace_producer:
-            if outcome.rejoin and (stop := self._fences.fenced()) is not None:
+            if (stop := self._producer.lost(fenced=outcome.rejoin)) is not None:
                 table.fail(stop)  # fenced again and again: another process has this transactional id
-            self._producer_wanted = True
-            await self._replace_producer()
-
-    async def _replace_producer(self) -> bool:
-        """Start a new producer in place of one fenced or unusable; False while it cannot start yet."""
-        txn = self._require(self._executor).txn
-        if not self._producer_wanted:
-            return True
-        await txn.producer.stop()
-        try:
-            txn.producer = await self._start_producer()
-        except (KafkaError, ProducerFencedError) as exc:
-            log.warning("a new producer cannot start yet (%r); trying again", exc)
-            await asyncio.sleep(PRODUCER_RETRY_S)
-            return False
-        self._producer_wanted = False
-        log.info("a new producer started with transactional id %s", self.transactional_id)
-        return True
+            await self._producer.replace(self._require(self._executor).txn)
 
     # -- stop ----------------------------------------------------------------------------
     async def _shutdown(self, *, commit: bool) -> None:
@@ -367,7 +332,7 @@ class Worker:
             async with self._lock:
                 table.stopping = True  # after an exception too: no assignment opens anything from now on
                 await self._fetch.close()
-                if commit and not self._producer_wanted:
+                if commit and not self._producer.wanted:
                     await self._settle(await executor.commit(table.tasks))
                 await executor.abort()  # whatever is still open (after a failure, or a failed commit)
                 await table.close()

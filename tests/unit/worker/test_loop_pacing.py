@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
 from pipeline.worker import loop as loop_module
+from pipeline.worker import producer as producer_module
 from pipeline.worker.executor import TaskExecutor
 from pipeline.worker.fetch import LoopFetch
 from pipeline.worker.lifecycle import PartitionState
@@ -199,7 +200,7 @@ async def test_nothing_is_fetched_while_a_new_producer_cannot_start_and_a_stop_m
 ) -> None:
     """Fenced, then two replacements fail: the consumer is not polled until one starts; a stop() arriving while it
     starts makes that cycle's fetch a hurried one (it does not wait)."""
-    monkeypatch.setattr(loop_module, "PRODUCER_RETRY_S", 0.001)
+    monkeypatch.setattr(producer_module, "PRODUCER_RETRY_S", 0.001)
     w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
     w.producer.fail["commit"].append(ProducerFenced())
     polls_at_attempt: list[int] = []

@@ -17,8 +17,8 @@ from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, Prod
 
 from pipeline.errors import BrokerUnavailableError, ProducerFencedError
 from pipeline.worker import identity as identity_module
-from pipeline.worker import loop as loop_module
 from pipeline.worker import opening as opening_module
+from pipeline.worker import producer as producer_module
 from pipeline.worker.identity import FENCE_WINDOW_S, FENCES_ALLOWED
 from pipeline.worker.loop import Worker
 
@@ -187,7 +187,7 @@ async def test_a_revocation_while_a_new_producer_cannot_start_aborts_and_closes_
 ) -> None:
     """Fenced and no producer can start yet: a revocation aborts what is open (nothing to commit through) and
     closes the revoked task."""
-    monkeypatch.setattr(loop_module, "PRODUCER_RETRY_S", 0.001)
+    monkeypatch.setattr(producer_module, "PRODUCER_RETRY_S", 0.001)
     w = await start_worker(assign={TP0}, logs=_logs(2), commit_policy="caught-up")
     w.producer.fail["commit"].append(ProducerFenced())
     broker_away = [True]
