@@ -626,6 +626,18 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             )
         ],
     ),
+    # -- found by the rule it tests: no store is found corrupt (faults.StoreLedger), 2026-12-07 (the expiry
+    # kind's ledger: bucket_width's `//` for `/`, a survivor of the time mix, whose TTLs keep the 1-hour floor)
+    53: (
+        "the bucket width is a float under a TTL above 10 hours: a reopened store cannot read it and is rebuilt",
+        [
+            (
+                "state/store.py",
+                "    return max(MIN_BUCKET_MS, max_ttl_ms // 10)\n",
+                "    return max(MIN_BUCKET_MS, max_ttl_ms / 10)\n",
+            )
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -12,6 +12,8 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from pipeline.errors import StoreCorruptError, StoreStaleError
+from pipeline.state.decision import Entry
 from pipeline.state.store import PartitionStore
 from tests.simulation.loop import CURRENT
 
@@ -31,6 +33,7 @@ KINDS = (
 STORM = (
     "fatal-storm"  # for a while every transaction's producer dies: partitions break and reopen over and over
 )
+MAX_CORRUPT = 5  # stores called corrupt reported, of a run
 RESCALE = "rescale"  # every worker stopped, ``pipeline rescale`` to ``target`` partitions, started again
 RECONFIGURE = "reconfigure"  # a topic configuration changed while the workers run (``detail`` says which)
 # a worker restarts with its changelog reads crawling; once it opens its partitions, a worker joins (drawn apart)
@@ -190,11 +193,29 @@ class _FailingFamily:
 
 class StoreLedger:
     """What each store on the simulated disks holds, as the world sees it: an open store's changelog
-    offset live, a closed one's as it was closed (the truth a worker's claims are held to, claims.py)."""
+    offset live, a closed one's as it was closed (the truth a worker's claims are held to, claims.py).
+
+    And every store a worker called corrupt (``StoreCorruptError`` as it opened or read one). Nothing
+    in the simulation corrupts a store: the disk faults fail a call, as RocksDB's I/O errors do, and
+    leave what is on disk whole; a foreign store is another log's, whole. So each is a problem: a
+    store written in a form its own code cannot read back (a bucket width written as ``6.048e7``
+    and read with ``int()``: every reopen wiped it and replayed the whole changelog, and no
+    command was wrong, so no other rule saw it)."""
 
     def __init__(self) -> None:
         self.open: dict[Path, PartitionStore] = {}
         self.closed_at: dict[Path, int] = {}
+        self.corrupt: list[str] = []  # each store called corrupt: the problem to report
+
+    def found_corrupt(self, path: Path, exc: StoreCorruptError) -> None:
+        if isinstance(exc, StoreStaleError):
+            return  # another log's store, whole (a foreign store the world planted): stale.py judges those
+        process = CURRENT.get()
+        if len(self.corrupt) < MAX_CORRUPT:
+            self.corrupt.append(
+                f"{process.name if process is not None else '?'} found a store corrupt ({exc}), though "
+                f"nothing in the run corrupts one: a store its own code wrote and cannot read back ({path.name})"
+            )
 
     def opened(self, store: PartitionStore) -> None:
         self.open[store.path.resolve()] = store
@@ -243,6 +264,23 @@ class SimStore(PartitionStore):
         if not self.closed and self.ledger is not None:
             self.ledger.closed(self)
         super().close()
+
+    @classmethod
+    def open(cls, path: Path, **kwargs: Any) -> PartitionStore:
+        try:
+            return super().open(path, **kwargs)
+        except StoreCorruptError as exc:
+            if cls.ledger is not None:
+                cls.ledger.found_corrupt(path, exc)
+            raise
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, Entry]:
+        try:
+            return super().get_many(keys)
+        except StoreCorruptError as exc:
+            if self.ledger is not None:
+                self.ledger.found_corrupt(self.path, exc)
+            raise
 
     def maybe_fail(self, method: str) -> None:
         if self.faults is not None and self.faults.take(self.slot, method):

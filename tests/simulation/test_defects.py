@@ -196,6 +196,9 @@ CASES = [
         "stripe:evt_0_0: its claim at sim-seen-changelog@6 (first copy at partition 0 offset 4)",
     ),
     (52, "default", 0, "counts 2 duplicates, 0 conflicts; its window's audit records say 2 and 1"),
+    # a bucket width its own store cannot read back: every reopen wipes the store and replays the whole changelog,
+    # no command wrong; the rule that no store is found corrupt (faults.StoreLedger) came from the expiry ledger
+    (53, "default", 0, "has unreadable metadata: invalid literal for int() with base 10: b'259200000.0'"),
 ]
 
 

@@ -241,6 +241,7 @@ class World:
                     self.problems.extend(self._diagnose())
             self.problems.extend(self.claims.problems)
             self.problems.extend(self.stale.problems)
+            self.problems.extend(self.ledger.corrupt)
             self.problems.extend(self.rereads.problems)
         finally:
             SimStore.faults = None
