@@ -177,6 +177,11 @@ class TaskTable:
             task.close()
             if self.tasks.get(tp) is task:
                 self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc}"))
+        except Exception as exc:  # a bug: logged whole; the worker stops rather than keep the partition
+            log.exception("%s: opening failed", task.name)
+            task.close()
+            if self.tasks.get(tp) is task:
+                self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc!r}"))
         finally:
             if self.opening.get(tp) is asyncio.current_task():
                 del self.opening[tp]

@@ -1,5 +1,5 @@
 """Opening a partition at its edges: the old transactional id fenced through the worker's producer, a rebalance
-beginning while the offset is read, and records a fetch still holds from before the move."""
+beginning while the offset is read, records a fetch still holds from before the move, and a bug in its last step."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from pipeline.errors import PartitionUnservedError
 from pipeline.worker.lifecycle import PartitionState
 
 from .fakes import INPUT, keys_for, records
@@ -89,5 +90,29 @@ async def test_a_reopened_partition_gets_none_of_the_records_a_fetch_held_from_b
         await world.opened()
         assert world.table.tasks[TP0].serving
         assert await world.fetch.next(world.consumer, 0) == {}
+    finally:
+        await world.table.close()
+
+
+async def test_a_bug_in_the_last_step_of_an_open_stops_the_worker_naming_the_partition(
+    tmp_path: Path,
+) -> None:
+    """The partition is READY and its seek to the beginning raises what nobody expects (a bug): the worker fails
+    with the partition named and the task is closed. Before, the error ended the opening task unseen, and the
+    partition stayed READY with no position (backpressure then resumed it from wherever the consumer stood)."""
+    world = _world(tmp_path, assigned={TP0})
+
+    async def broken_seek(*_partitions: TopicPartition) -> None:
+        raise RuntimeError("a bug")
+
+    world.consumer.seek_to_beginning = broken_seek  # type: ignore[method-assign]
+    try:
+        await world.table.assigned({TP0})
+        task = world.table.tasks[TP0]
+        await asyncio.wait_for(world.table.opening[TP0], 5)
+        assert isinstance(world.table.failure, PartitionUnservedError)
+        assert str(world.table.failure) == f"partition {INPUT}-0 cannot be served: RuntimeError('a bug')"
+        assert task.state is PartitionState.CLOSED
+        assert TP0 in world.consumer.paused
     finally:
         await world.table.close()
