@@ -134,7 +134,18 @@ class TaskTable:
         task.paused = True
         self.tasks[tp] = task
         self.metrics.partitions.set(len(self.tasks))
-        self.opening[tp] = asyncio.create_task(self._open(task), name=f"open {task.name}")
+        self.opening[tp] = asyncio.create_task(self._opening(task), name=f"open {task.name}")
+
+    async def _opening(self, task: ActiveTask) -> None:
+        """The opening task: :meth:`_open`, which handles every error it expects; a bug in it is logged whole
+        and stops the worker naming the partition, never a partition left READY without a position, unseen."""
+        try:
+            await self._open(task)
+        except Exception as exc:  # a bug (see the docstring)
+            log.exception("%s: opening failed", task.name)
+            task.close()
+            if self.tasks.get(task.tp) is task:
+                self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc!r}"))
 
     async def _open(self, task: ActiveTask) -> None:
         """Open ``task`` and move the consumer to its committed offset; a failure stops the worker.
@@ -177,11 +188,6 @@ class TaskTable:
             task.close()
             if self.tasks.get(tp) is task:
                 self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc}"))
-        except Exception as exc:  # a bug: logged whole; the worker stops rather than keep the partition
-            log.exception("%s: opening failed", task.name)
-            task.close()
-            if self.tasks.get(tp) is task:
-                self.fail(PartitionUnservedError(f"partition {task.name} cannot be served: {exc!r}"))
         finally:
             if self.opening.get(tp) is asyncio.current_task():
                 del self.opening[tp]
