@@ -17,6 +17,7 @@ import argparse
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -106,6 +107,25 @@ def _copy_checkout(work: Path, under: str = "") -> None:
     buffer.seek(0)
     with tarfile.open(fileobj=buffer) as tar:
         tar.extractall(work, filter="tar")
+
+
+def refresh_unmutated(work: Path, files: list[str], root: Path = ROOT) -> list[str]:
+    """The checkout's ``pipeline/`` modules that the run does not mutate, copied over the run's copy and mutmut's
+    (``mutants/``, once made): a run resumed in a later session judges its mutants among the code as it is now.
+    The mutated files stay as they were, with the mutants made from them (a function changed since is judged
+    again by the next run from its ledger, by its hash). The modules copied are returned."""
+    copied: list[str] = []
+    for source in sorted((root / "pipeline").rglob("*.py")):
+        name = str(source.relative_to(root))
+        if name in files:
+            continue
+        targets = [work / name] + ([work / "mutants" / name] if (work / "mutants").is_dir() else [])
+        for target in targets:
+            if not target.exists() or target.read_bytes() != source.read_bytes():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+                copied.append(str(target.relative_to(work)))
+    return copied
 
 
 def _settings(files: list[str], tests: list[str]) -> str:
@@ -431,8 +451,10 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["rm", "-rf", str(work)], check=True)
             work.mkdir(parents=True)
             _copy_checkout(work)
-        else:  # the tests as they are now (one added to kill a survivor), the code as it was
+        else:  # the tests as they are now (one added to kill a survivor), the mutated code as it was
             _copy_checkout(work, under="tests/")
+            for name in refresh_unmutated(work, files):
+                print(f"resumed with {name} as it is now", flush=True)
         pyproject = work / "pyproject.toml"
         ours = pyproject.read_text().split(SECTION)[0]
         pyproject.write_text(ours + _settings(files, tests))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutation.run import ROOT, Only, _functions, _judged, load_ledger, save_ledger
+from tests.mutation.run import ROOT, Only, _functions, _judged, load_ledger, refresh_unmutated, save_ledger
 
 POISON = "pipeline/worker/poison.py"
 KILLED = "pipeline.worker.poison.xǁPoisonTrackerǁcommitted__mutmut_1"
@@ -69,3 +69,27 @@ def test_no_ledger_yet_puts_nothing_back(tmp_path: Path) -> None:
     """The first run of a ledger starts from nothing."""
     assert load_ledger(tmp_path / "none.json", tmp_path / "run") == 0
     assert _judged(tmp_path / "run", [POISON]) == set()
+
+
+def test_a_resumed_run_takes_the_unmutated_modules_as_they_are_now_and_keeps_the_mutated_ones(
+    tmp_path: Path,
+) -> None:
+    """A module the run does not mutate, changed in the checkout since, is copied over the run's copy and mutmut's;
+    the mutated module stays as the mutants were made from it, and a module unchanged is not touched."""
+    root, work = tmp_path / "checkout", tmp_path / "work"
+    for base, loop, tasks in ((root, "new loop", "new tasks"), (work, "old loop", "old tasks")):
+        (base / "pipeline" / "worker").mkdir(parents=True)
+        (base / "pipeline" / "worker" / "loop.py").write_text(loop)
+        (base / "pipeline" / "worker" / "tasks.py").write_text(tasks)
+        (base / "pipeline" / "errors.py").write_text("same")
+    (work / "mutants" / "pipeline" / "worker").mkdir(parents=True)
+    (work / "mutants" / "pipeline" / "worker" / "loop.py").write_text("old loop")
+    copied = refresh_unmutated(work, ["pipeline/worker/tasks.py"], root=root)
+    assert (work / "pipeline" / "worker" / "loop.py").read_text() == "new loop"
+    assert (work / "mutants" / "pipeline" / "worker" / "loop.py").read_text() == "new loop"
+    assert (work / "pipeline" / "worker" / "tasks.py").read_text() == "old tasks"
+    assert sorted(copied) == [
+        "mutants/pipeline/errors.py",
+        "mutants/pipeline/worker/loop.py",
+        "pipeline/worker/loop.py",
+    ]
