@@ -142,6 +142,8 @@ class TaskTable:
         try:
             await self._open(task)
         except Exception as exc:  # a bug (see the docstring)
+            if isinstance(exc.__context__, GeneratorExit):
+                raise  # no open failed: its coroutine is closed unfinished (its process gone), outside any loop
             log.exception("%s: opening failed", task.name)
             task.close()
             if self.tasks.get(task.tp) is task:
