@@ -638,6 +638,29 @@ DEFECTS: dict[int, tuple[str, list[Patch]]] = {
             )
         ],
     ),
+    # -- found by the step it tests: the operator's look with --dry-run --since once a run is over
+    # (operators.look_since), 2026-12-07, late: no seed used --since (the redrive kind's survivors)
+    54: (
+        "dlq replay --since leaves out a DLQ record stamped exactly at the time given",
+        [
+            (
+                "records/dlq.py",
+                "        if self.since_ms is not None and entry.timestamp < self.since_ms:\n",
+                "        if self.since_ms is not None and entry.timestamp <= self.since_ms:\n",
+            )
+        ],
+    ),
+    # -- found by the same change: a replay that exits 0 replays no record its filter leaves (operators.py)
+    55: (
+        "dlq replay replays every DLQ record, whatever --reason says",
+        [
+            (
+                "records/dlq.py",
+                "        if self.reasons and entry.reason not in self.reasons:\n",
+                "        if False:\n",
+            )
+        ],
+    ),
 }
 
 #: Run in the child: the editable install's import hook removed, the copy first on the path.

@@ -89,6 +89,21 @@ class PartitionLog:
     def lso(self) -> int:
         return min(self.open_txns.values(), default=self.end)
 
+    def offset_for_time(self, timestamp: int, upper: int) -> tuple[int, int]:
+        """ListOffsets by time (``offsets_for_times``): the timestamp and offset of the first record, in log
+        order from the log start, stamped at or after ``timestamp`` and below ``upper`` (the log end, or the
+        LSO for a read_committed reader); (-1, -1) when there is none. As Kafka's time index: the first
+        batch whose largest timestamp reaches it, then its first record that does; markers are no records."""
+        for batch in self.batches:
+            if batch.base_offset >= upper:
+                break
+            if batch.control is not None or batch.max_timestamp < timestamp:
+                continue
+            for record in batch.records:
+                if record.timestamp >= timestamp and record.offset < upper:
+                    return record.timestamp, record.offset
+        return -1, -1
+
     def _notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()

@@ -14,7 +14,10 @@ import asyncio
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from random import Random
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from pipeline.errors import PipelineError
 from pipeline.headers import REPLAYED_FROM_HEADER
@@ -49,6 +52,7 @@ class ReplayRun:
     snapshot: dict[int, int]  # each DLQ partition's last stable offset just before it began
     replayed: set[str] = field(default_factory=set)  # "<dlq>:<partition>:<offset>" of each record sent
     outcome: str = "running"
+    since_ms: int | None = None  # --since: only DLQ records stamped at or after it
 
 
 @dataclass
@@ -143,6 +147,28 @@ class Operators:
                 f"dlq replay --dry-run sent {sent} records (a dry run must send nothing)"
             )
 
+    async def look_since(self) -> None:
+        """``pipeline dlq replay --dry-run --since T`` once the run is over, ``T`` the timestamp of a DLQ record
+        the run's filter takes (drawn apart from the world's draws): exiting 0, it lists exactly the records the
+        filter takes stamped at or after ``T`` (that one included), and it sends nothing."""
+        world = self.world
+        plan = world.scenario.redrive
+        reasons = plan.reasons if plan is not None else frozenset()
+        dlq = world.broker.topics[world.topology.topics.dlq]
+        stamps = [
+            record.timestamp
+            for log in dlq.partitions
+            for record in log.committed_records()
+            if not reasons or orjson.loads(record.value).get("reason") in reasons
+        ]
+        if not stamps:
+            return
+        since = sorted(stamps)[Random(world.scenario.seed).randrange(len(stamps))]
+        run = self._replay(dry_run=True, since_ms=since)
+        await self._watch(run, 0.0)
+        if any(True for _ in self._replayed_records(by=run[1])):
+            world.problems.append(f"{run[0].name}: dlq replay --dry-run --since sent records")
+
     def _replays_landed(self) -> set[str]:
         """The DLQ records (``<dlq>:<partition>:<offset>``) some replay's record in Kafka says it came from."""
         return {value.decode() for value in self._replayed_records()}
@@ -166,7 +192,9 @@ class Operators:
                         if value is not None:
                             yield value
 
-    def _replay(self, *, dry_run: bool = False) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
+    def _replay(
+        self, *, dry_run: bool = False, since_ms: int | None = None
+    ) -> tuple[ReplayRun, Process, asyncio.Task[Any]]:
         world = self.world
         plan = world.scenario.redrive
         reasons = plan.reasons if plan is not None else frozenset()
@@ -174,11 +202,12 @@ class Operators:
         name = f"replay{self._count}"
         dlq = world.broker.topics[world.topology.topics.dlq]
         snapshot = {log.partition: log.lso() for log in dlq.partitions}
-        run = ReplayRun(name, world.loop.time(), self.fixed, snapshot)
+        run = ReplayRun(name, world.loop.time(), self.fixed, snapshot, since_ms=since_ms)
         self.runs.append(run)
         process = Process(name)
-        flags = " --dry-run" if dry_run else ""
-        world.note(f"{name}: pipeline dlq replay{flags} --reason {','.join(sorted(reasons))}")
+        flags = (" --dry-run" if dry_run else "") + (f" --since {since_ms}" if since_ms is not None else "")
+        flags += f" --reason {','.join(sorted(reasons))}" if reasons else ""
+        world.note(f"{name}: pipeline dlq replay{flags}")
         task = world.loop.spawn(process, self._run_replay(run, reasons, dry_run=dry_run), name)
         return run, process, task
 
@@ -188,7 +217,7 @@ class Operators:
             report = await replay(
                 BOOTSTRAP,
                 world.topology,
-                DlqFilter(reasons=reasons),
+                DlqFilter(reasons=reasons, since_ms=run.since_ms),
                 dry_run=dry_run,
                 out=io.StringIO(),
                 timeout=REPLAY_TIMEOUT_S,
@@ -209,20 +238,27 @@ class Operators:
 
     def _check_covered(self, run: ReplayRun, *, dry_run: bool) -> None:
         """A run that exits 0 replayed every record its filter takes that the DLQ held when it began, and
-        (unless a dry run) each record it says it replayed is in Kafka."""
+        none its filter leaves (another reason, stamped before ``--since``); and (unless a dry run) each
+        record it says it replayed is in Kafka."""
         world = self.world
         plan = world.scenario.redrive
         reasons = plan.reasons if plan is not None else frozenset()
         dlq = world.topology.topics.dlq
-        import orjson  # noqa: PLC0415
-
+        since = run.since_ms if run.since_ms is not None else -1
         for log in world.broker.topics[dlq].partitions:
             for record in log.committed_records():
-                if record.offset >= run.snapshot.get(log.partition, 0):
-                    break
                 reason = orjson.loads(record.value).get("reason")
                 where = f"{dlq}:{log.partition}:{record.offset}"
-                if reason in reasons and where not in run.replayed:
+                taken = (not reasons or reason in reasons) and record.timestamp >= since
+                if not taken and where in run.replayed:
+                    world.problems.append(
+                        f"{run.name} replayed {where} ({reason}, stamped {record.timestamp}), which its filter "
+                        f"leaves (--reason {','.join(sorted(reasons))}, --since {run.since_ms})"
+                    )
+                    return
+                if record.offset >= run.snapshot.get(log.partition, 0):
+                    continue
+                if taken and where not in run.replayed:
                     world.problems.append(
                         f"{run.name} exited 0 without replaying {where} ({reason}), which the DLQ held when it began"
                     )

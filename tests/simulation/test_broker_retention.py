@@ -121,3 +121,40 @@ verify = "none"
             assert await partition_count(BOOTSTRAP, spec.name) == 5
 
     assert not model.run_clients(scenario, seed=5).errors
+
+
+def test_a_lookup_by_time_finds_the_first_record_stamped_at_or_after_it_below_what_the_reader_may_read() -> (
+    None
+):
+    """``offsets_for_times`` (``--since``) through aiokafka on the model: the first record, in log order, stamped
+    at or after the time (an exact stamp included, out-of-order stamps in log order), none past the last stamp,
+    and for a read_committed reader none at or past the LSO (an open transaction's records)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: PLC0415
+
+    model = Model()
+    model.broker.create_topic("dlq", 1, logs.TopicConfig())
+    tp = TopicPartition("dlq", 0)
+
+    async def scenario(model: Model) -> None:
+        now = model.broker.now_ms()
+        for stamp in (now - 300, now - 100, now - 200, now):  # offsets 0..3
+            _append(model, "dlq", stamp)
+        log = model.broker.log("dlq", 0)
+        assert log is not None
+        consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP, isolation_level="read_committed")
+        await consumer.start()
+        try:
+            found = await consumer.offsets_for_times({tp: now - 200})
+            assert (found[tp].offset, found[tp].timestamp) == (
+                1,
+                now - 100,
+            )  # offset 2's exact stamp comes later
+            assert (await consumer.offsets_for_times({tp: now - 300}))[tp].offset == 0
+            assert (await consumer.offsets_for_times({tp: now}))[tp].offset == 3
+            assert (await consumer.offsets_for_times({tp: now + 1}))[tp] is None
+            log.open_txns[99] = 3  # a transaction open from offset 3: a read_committed reader stops below it
+            assert (await consumer.offsets_for_times({tp: now}))[tp] is None
+        finally:
+            await consumer.stop()
+
+    assert not model.run_clients(scenario, seed=5).errors

@@ -199,6 +199,17 @@ CASES = [
     # a bucket width its own store cannot read back: every reopen wipes the store and replays the whole changelog,
     # no command wrong; the rule that no store is found corrupt (faults.StoreLedger) came from the expiry ledger
     (53, "default", 0, "has unreadable metadata: invalid literal for int() with base 10: b'259200000.0'"),
+    # --since at a DLQ record's exact timestamp leaves that record out; no seed used --since before the operator's
+    # look once a run is over (operators.look_since)
+    (54, "redrive", 0, "replay5 exited 0 without replaying sim.dlq:0:2 (unknown-source)"),
+    # a replay that takes every DLQ record whatever --reason says: redrive seeds 0-2 passed until a replay that
+    # exits 0 was checked for records its filter leaves
+    (
+        55,
+        "redrive",
+        0,
+        "replay1 replayed sim.dlq:1:0 (bad-body, stamped 1767225604826), which its filter leaves",
+    ),
 ]
 
 

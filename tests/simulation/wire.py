@@ -433,6 +433,9 @@ def _list_offsets(broker: b.Broker, req: Any) -> Any:
                 answers.append((partition, codes.UNKNOWN_TOPIC_OR_PARTITION, -1, -1))
                 continue
             latest = log.lso() if req.isolation_level == 1 else log.end
+            if timestamp >= 0:  # the first record stamped at or after it (-1, -1: none)
+                answers.append((partition, codes.NONE, *log.offset_for_time(timestamp, latest)))
+                continue
             found = log.log_start if timestamp == -2 else latest
             answers.append((partition, codes.NONE, -1, found))
         topics.append((topic, answers))

@@ -288,6 +288,7 @@ class World:
         self.problems.extend(await warmth.standbys_warm(self))
         await self.fleet.stop_all()
         await self._transactions_ended()
+        await self.operators.look_since()  # after every other step: it changes no seed's run before it
         if self.problems:
             return
         verdict = oracle.check(self.broker, self.oracle_facts())
