@@ -4,8 +4,10 @@ worker down for hours, jumps one worker's clock, and changes topic configuration
 
 What a replay must do is checked here, as it ends: a run that exits 0 has replayed every DLQ
 record its filter takes that was committed before it started (``dlq replay`` reads to the end
-offsets it read first, through outages, never stopping at a silence). What its replays become
-is the oracle's (``tests/simulation/oracle.py``).
+offsets it read first, through outages, never stopping at a silence), and none its filter
+leaves. Once everything else in a run is over, the operator looks with ``--dry-run --since``
+(:meth:`Operators.look_since`). What its replays become is the oracle's
+(``tests/simulation/oracle.py``).
 """
 
 from __future__ import annotations
