@@ -8,12 +8,14 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from pipeline.errors import PartitionUnservedError
 from pipeline.worker.lifecycle import PartitionState
+from pipeline.worker.task import ActiveTask
 
-from .fakes import INPUT, keys_for, records
+from .fakes import INPUT, TOPICS, keys_for, records
 from .test_tasks import TP0, TP1, _world
 
 K = keys_for(0, 4)
@@ -117,3 +119,31 @@ async def test_a_bug_in_the_last_step_of_an_open_stops_the_worker_naming_the_par
         assert TP0 in world.consumer.paused
     finally:
         await world.table.close()
+
+
+class _Suspend:
+    """An awaitable that suspends once, with no event loop (a coroutine driven by hand)."""
+
+    def __await__(self) -> Any:
+        yield
+
+
+def test_an_opening_closed_unfinished_outside_any_loop_is_not_taken_for_a_failed_open(tmp_path: Path) -> None:
+    """A killed process's opening coroutine is closed later, outside any loop, and its ``finally`` then raises
+    (``asyncio.current_task()`` has no loop): that error goes out of the close, the table records no failure."""
+    world = _world(tmp_path, assigned={TP0})
+    task = ActiveTask(TP0, changelog=TopicPartition(TOPICS.changelog, 0), context=world.harness.context)
+    world.table.tasks[TP0] = task
+
+    async def open_then_wait(_task: ActiveTask) -> None:
+        try:
+            await _Suspend()
+        finally:
+            asyncio.current_task()  # as _open's finally does: no running loop here
+
+    world.table._open = open_then_wait  # type: ignore[method-assign,assignment]
+    opening = world.table._opening(task)
+    opening.send(None)
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        opening.close()
+    assert world.table.failure is None
